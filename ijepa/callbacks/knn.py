@@ -1,0 +1,129 @@
+"""k-NN probe of frozen encoder features (cosine-weighted voting, as in DINO)."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from torchmetrics.classification import MulticlassAccuracy
+
+
+def knn_scores(
+    bank_features: torch.Tensor,
+    bank_labels: torch.Tensor,
+    query_features: torch.Tensor,
+    num_classes: int,
+    k: int = 20,
+    temperature: float = 0.07,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """Class scores ``[Q, C]`` of ``query_features [Q, D]`` from their ``k`` most cosine-similar
+    rows of ``bank_features [N, D]`` (labels ``[N]``), each voting ``exp(similarity / temperature)``."""
+    bank = F.normalize(bank_features.float(), dim=1)
+    queries = F.normalize(query_features.float(), dim=1)
+    k = min(k, bank.size(0))
+    scores = []
+    for chunk in queries.split(chunk_size):
+        similarity, neighbours = (chunk @ bank.T).topk(k, dim=1)
+        votes = torch.zeros(chunk.size(0), num_classes, device=chunk.device)
+        votes.scatter_add_(1, bank_labels[neighbours], (similarity / temperature).exp())
+        scores.append(votes)
+    return torch.cat(scores)
+
+
+class KNNProbe(Callback):
+    """Score mean-pooled encoder features with a cosine-weighted k-NN classifier.
+
+    The bank is the labeled train split (``datamodule.knn_train_dataloader()``), the queries the
+    held-out split (``datamodule.knn_test_dataloader()``); images labelled ``-1`` (unlabeled) never
+    enter. Runs once when ``fit`` starts (the random-init baseline, logged at step 0), at every
+    ``every_n_epochs``-th validation, at the end of ``fit`` if the last step was not probed, and in
+    ``validate`` / ``test``. Logs ``val/knn_top1`` (``test/knn_top1``), a fraction in [0, 1].
+    """
+
+    def __init__(
+        self,
+        k: int = 20,
+        temperature: float = 0.07,
+        every_n_epochs: int = 1,
+        encoder: str = "target",
+        probe_at_start: bool = True,
+    ):
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}.")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}.")
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}.")
+        if encoder not in ("target", "online"):
+            raise ValueError(f"encoder must be 'target' or 'online', got {encoder!r}.")
+        self.k = k
+        self.temperature = temperature
+        self.every_n_epochs = every_n_epochs
+        self.encoder = encoder
+        self.probe_at_start = probe_at_start
+        self._last_probed_step: int | None = None
+
+    @torch.no_grad()
+    def extract(self, trainer: L.Trainer, pl_module: L.LightningModule, loader) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean-pooled features ``[N, D]`` and labels ``[N]`` of every labelled image in ``loader``."""
+        features, labels = [], []
+        with trainer.precision_plugin.forward_context():
+            for batch in loader:
+                keep = batch["labels"] >= 0
+                if not keep.any():
+                    continue
+                images = batch["images"][keep].to(pl_module.device, non_blocking=True)
+                features.append(pl_module.features(images, self.encoder).float())
+                labels.append(batch["labels"][keep].to(pl_module.device))
+        if not features:
+            raise ValueError("the k-NN loader yielded no labelled images (labels >= 0).")
+        return torch.cat(features), torch.cat(labels)
+
+    def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
+        """Top-1 k-NN accuracy in [0, 1] of the current encoder."""
+        datamodule = trainer.datamodule
+        if datamodule is None or not hasattr(datamodule, "knn_train_dataloader"):
+            raise ValueError("KNNProbe needs a datamodule with knn_train_dataloader() and knn_test_dataloader().")
+        was_training = pl_module.training
+        pl_module.eval()
+        bank_features, bank_labels = self.extract(trainer, pl_module, datamodule.knn_train_dataloader())
+        query_features, query_labels = self.extract(trainer, pl_module, datamodule.knn_test_dataloader())
+        pl_module.train(was_training)
+        num_classes = datamodule.num_classes
+        scores = knn_scores(bank_features, bank_labels, query_features, num_classes, self.k, self.temperature)
+        accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro").to(scores.device)
+        return float(accuracy(scores, query_labels))
+
+    def _probe_and_log_direct(self, trainer: L.Trainer, pl_module: L.LightningModule, when: str) -> None:
+        # Outside the validation loop self.log is not available, so write to the loggers directly.
+        top1 = self.evaluate(trainer, pl_module)
+        self._last_probed_step = trainer.global_step
+        for logger in trainer.loggers:
+            logger.log_metrics({"val/knn_top1": top1}, step=trainer.global_step)
+        rank_zero_info(f"k-NN probe ({when}, step {trainer.global_step}): val/knn_top1 = {top1:.4f}")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.probe_at_start and trainer.global_step == 0:
+            self._probe_and_log_direct(trainer, pl_module, "random init")
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        in_fit = trainer.state.fn == "fit"
+        if in_fit and (trainer.current_epoch + 1) % self.every_n_epochs != 0:
+            return
+        top1 = self.evaluate(trainer, pl_module)
+        self._last_probed_step = trainer.global_step
+        pl_module.log("val/knn_top1", top1)
+        if in_fit:
+            rank_zero_info(f"k-NN probe (step {trainer.global_step}): val/knn_top1 = {top1:.4f}")
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.log("test/knn_top1", self.evaluate(trainer, pl_module))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._last_probed_step != trainer.global_step:
+            self._probe_and_log_direct(trainer, pl_module, "end of training")

@@ -1,0 +1,162 @@
+"""I-JEPA multi-block masks, sampled in the DataLoader's collate function.
+
+Per image: ``num_target_blocks`` rectangular target blocks and one large context block from
+which every target patch is removed. Block shapes are drawn once per batch (as in I-JEPA), so
+every target block in a batch has the same number of patches; contexts are randomly thinned to
+the smallest context in the batch, so every context has the same length too.
+
+Placement differs from the official sampler on purpose: it draws a block's top-left corner from
+``[0, G - h)``, so the last row and column are never masked. Here the corner is drawn from
+``[-(h - 1), G - 1]`` and the block is pushed back inside the grid, which makes every cell
+reachable and lifts the edge cells' frequency close to the interior's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.data import default_collate
+
+
+def _check_range(value: tuple[float, float], name: str, low: float, high: float) -> tuple[float, float]:
+    if len(value) != 2 or not (low < value[0] <= value[1] <= high):
+        raise ValueError(f"{name} must be (min, max) with {low} < min <= max <= {high}, got {tuple(value)}.")
+    return float(value[0]), float(value[1])
+
+
+class MultiBlockMaskSampler:
+    """Sample I-JEPA context and target patch indices on a ``grid_size`` x ``grid_size`` grid.
+
+    ``sampler(batch_size)`` returns ``context_indices [B, Kc]`` and ``target_indices [B, M, Kt]``,
+    row-major patch indices, each row sorted; contexts and targets are disjoint per image.
+    """
+
+    def __init__(
+        self,
+        grid_size: int,
+        num_target_blocks: int = 4,
+        target_scale: tuple[float, float] = (0.15, 0.2),
+        target_aspect_ratio: tuple[float, float] = (0.75, 1.5),
+        context_scale: tuple[float, float] = (0.85, 1.0),
+        context_aspect_ratio: tuple[float, float] = (1.0, 1.0),
+        min_keep: int = 4,
+        max_tries: int = 20,
+    ):
+        if grid_size < 2:
+            raise ValueError(f"grid_size must be >= 2 patches per side, got {grid_size}.")
+        if num_target_blocks < 1:
+            raise ValueError(f"num_target_blocks must be >= 1, got {num_target_blocks}.")
+        self.grid_size = grid_size
+        self.num_patches = grid_size * grid_size
+        if not 1 <= min_keep < self.num_patches:
+            raise ValueError(f"min_keep must be in [1, {self.num_patches - 1}] on a {grid_size}x{grid_size} grid, got {min_keep}.")
+        if max_tries < 1:
+            raise ValueError(f"max_tries must be >= 1, got {max_tries}.")
+        self.num_target_blocks = num_target_blocks
+        self.target_scale = _check_range(target_scale, "target_scale", 0.0, 1.0)
+        self.target_aspect_ratio = _check_range(target_aspect_ratio, "target_aspect_ratio", 0.0, math.inf)
+        self.context_scale = _check_range(context_scale, "context_scale", 0.0, 1.0)
+        self.context_aspect_ratio = _check_range(context_aspect_ratio, "context_aspect_ratio", 0.0, math.inf)
+        self.min_keep = min_keep
+        self.max_tries = max_tries
+
+    def block_shape(
+        self, scale: tuple[float, float], aspect_ratio: tuple[float, float], generator: torch.Generator | None = None
+    ) -> tuple[int, int]:
+        """Draw a block ``(height, width)``: area ``scale * N`` and ``height / width = aspect``,
+        rounded to whole patches and clipped to the grid."""
+        u = torch.rand(2, generator=generator).tolist()
+        area = self.num_patches * (scale[0] + u[0] * (scale[1] - scale[0]))
+        aspect = aspect_ratio[0] + u[1] * (aspect_ratio[1] - aspect_ratio[0])
+        height = min(max(round(math.sqrt(area * aspect)), 1), self.grid_size)
+        width = min(max(round(math.sqrt(area / aspect)), 1), self.grid_size)
+        return height, width
+
+    def place_blocks(
+        self, count: int, height: int, width: int, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-left corners ``([count], [count])`` of ``height`` x ``width`` blocks inside the grid."""
+        g = self.grid_size
+        top = torch.randint(-(height - 1), g, (count,), generator=generator).clamp(0, g - height)
+        left = torch.randint(-(width - 1), g, (count,), generator=generator).clamp(0, g - width)
+        return top, left
+
+    def block_indices(self, top: torch.Tensor, left: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """Row-major indices ``[count, height * width]`` of the blocks with the given corners."""
+        rows = top[:, None, None] + torch.arange(height)[None, :, None]
+        cols = left[:, None, None] + torch.arange(width)[None, None, :]
+        return (rows * self.grid_size + cols).flatten(1)
+
+    def _block_masks(self, top: torch.Tensor, left: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """Boolean masks ``[count, N]`` of the blocks with the given corners."""
+        cells = torch.arange(self.grid_size)
+        in_rows = (cells >= top[:, None]) & (cells < top[:, None] + height)
+        in_cols = (cells >= left[:, None]) & (cells < left[:, None] + width)
+        return (in_rows[:, :, None] & in_cols[:, None, :]).flatten(1)
+
+    def __call__(
+        self, batch_size: int, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.num_target_blocks
+        target_h, target_w = self.block_shape(self.target_scale, self.target_aspect_ratio, generator)
+        context_h, context_w = self.block_shape(self.context_scale, self.context_aspect_ratio, generator)
+
+        target_indices = torch.empty(batch_size, m, target_h * target_w, dtype=torch.long)
+        context_masks = torch.empty(batch_size, self.num_patches, dtype=torch.bool)
+        pending = torch.arange(batch_size)
+        for _ in range(self.max_tries):
+            # Resample only the images whose context came out too small.
+            n = pending.numel()
+            top, left = self.place_blocks(n * m, target_h, target_w, generator)
+            targets = self.block_indices(top, left, target_h, target_w).view(n, m, -1)
+            covered = self._block_masks(top, left, target_h, target_w).view(n, m, -1).any(1)
+            top, left = self.place_blocks(n, context_h, context_w, generator)
+            context = self._block_masks(top, left, context_h, context_w) & ~covered
+            target_indices[pending] = targets
+            context_masks[pending] = context
+            pending = pending[context.sum(1) < self.min_keep]
+            if pending.numel() == 0:
+                break
+        else:
+            raise ValueError(
+                f"could not leave min_keep={self.min_keep} context patches on a {self.grid_size}x{self.grid_size} "
+                f"grid after removing {m} target blocks of {target_h}x{target_w} from a {context_h}x{context_w} "
+                f"context block in {self.max_tries} tries: lower num_target_blocks, target_scale or min_keep, "
+                f"or raise context_scale."
+            )
+
+        # Thin every context to the batch's smallest, choosing the dropped patches at random
+        # (truncating a sorted list, as the official code does, would always drop the bottom rows).
+        keep = int(context_masks.sum(1).min())
+        keys = torch.rand(batch_size, self.num_patches, generator=generator)
+        keys[~context_masks] = 2.0
+        context_indices = keys.argsort(dim=1)[:, :keep].sort(dim=1).values
+        return context_indices, target_indices
+
+    def check(self, tries: int = 8, batch_size: int = 64) -> None:
+        """Fail fast (ValueError) if the settings cannot be satisfied on this grid."""
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(tries):
+            self(batch_size, generator)
+
+
+class MaskCollator:
+    """DataLoader ``collate_fn``: stacks ``(image, label)`` samples and samples masks for the batch.
+
+    Returns a dict with ``images [B, C, H, W]``, ``labels [B]``, ``context_indices [B, Kc]`` and
+    ``target_indices [B, M, Kt]``. Runs in the DataLoader's worker processes.
+    """
+
+    def __init__(self, sampler: MultiBlockMaskSampler):
+        self.sampler = sampler
+
+    def __call__(self, samples: list) -> dict[str, torch.Tensor]:
+        images, labels = default_collate(samples)
+        context_indices, target_indices = self.sampler(images.size(0))
+        return {
+            "images": images,
+            "labels": labels,
+            "context_indices": context_indices,
+            "target_indices": target_indices,
+        }

@@ -1,0 +1,183 @@
+"""The IJEPA LightningModule: online encoder, EMA target encoder, predictor, and one step's math."""
+
+from __future__ import annotations
+
+import copy
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
+
+from ijepa.nn.patch import gather_patches
+from ijepa.nn.predictor import Predictor
+from ijepa.nn.vit import VisionTransformer
+from ijepa.schedules import cosine_schedule, warmup_cosine_schedule
+
+LOSSES = ("smooth_l1", "mse")
+
+
+class IJEPA(L.LightningModule):
+    """I-JEPA: predict the target encoder's features of masked blocks from a context block.
+
+    One training step (shapes for batch ``B``, ``M`` target blocks of ``Kt`` patches, context of
+    ``Kc`` patches, width ``D``):
+
+    * target branch, no grad: ``target_encoder(images)`` on all patches ``[B, N, D]`` ->
+      per-token layer norm -> gather the targets ``[B, M, Kt, D]``;
+    * online branch: ``encoder(images, context_indices)`` ``[B, Kc, D]`` ->
+      ``predictor(..., target_indices)`` ``[B, M, Kt, D]``;
+    * loss: smooth L1 (or MSE) between the two; the target encoder follows the online encoder by
+      EMA in :class:`ijepa.callbacks.EMATargetUpdate`, never by gradient.
+
+    Args mirror the official I-JEPA recipe: AdamW with linear warm-up then cosine learning rate
+    (``start_lr -> lr -> final_lr``) and a cosine weight-decay schedule
+    (``weight_decay -> final_weight_decay``), all functions of ``global_step``.
+    """
+
+    def __init__(
+        self,
+        image_size: int = 96,
+        patch_size: int = 8,
+        in_channels: int = 3,
+        embed_dim: int = 192,
+        depth: int = 12,
+        num_heads: int = 3,
+        mlp_ratio: float = 4.0,
+        drop_path_rate: float = 0.0,
+        pos_embed: str = "sincos",
+        predictor_embed_dim: int = 96,
+        predictor_depth: int = 6,
+        predictor_num_heads: int = 3,
+        predictor_pos_embed: str = "sincos",
+        loss: str = "smooth_l1",
+        lr: float = 1e-3,
+        start_lr: float = 2e-4,
+        final_lr: float = 1e-6,
+        warmup_steps: int = 1000,
+        weight_decay: float = 0.04,
+        final_weight_decay: float = 0.4,
+        betas: tuple[float, float] = (0.9, 0.999),
+    ):
+        super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}.")
+        for name, value in (("lr", lr), ("start_lr", start_lr), ("final_lr", final_lr)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}.")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
+        self.save_hyperparameters()
+        self.encoder = VisionTransformer(
+            image_size, patch_size, in_channels, embed_dim, depth, num_heads, mlp_ratio,
+            drop_path_rate=drop_path_rate, pos_embed=pos_embed,
+        )
+        self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
+        self.predictor = Predictor(
+            self.encoder.grid_size, embed_dim, predictor_embed_dim, predictor_depth, predictor_num_heads,
+            mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=predictor_pos_embed,
+        )
+
+    def train(self, mode: bool = True) -> IJEPA:
+        # The target encoder only ever runs in inference mode (no stochastic depth).
+        super().train(mode)
+        self.target_encoder.eval()
+        return self
+
+    @torch.no_grad()
+    def features(self, images: torch.Tensor, encoder: str = "target") -> torch.Tensor:
+        """Mean-pooled features of all patches, ``[B, C, H, W] -> [B, D]``, from the ``target``
+        (default) or ``online`` encoder."""
+        network = self.target_encoder if encoder == "target" else self.encoder
+        return network(images).mean(dim=1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Target-encoder features of every patch, ``[B, C, H, W] -> [B, N, D]``."""
+        return self.target_encoder(images)
+
+    def jepa_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The I-JEPA loss of one masked batch (see the class docstring for the shapes)."""
+        images = batch["images"]
+        context_indices, target_indices = batch["context_indices"], batch["target_indices"]
+        batch_size, num_blocks, num_targets = target_indices.shape
+        with torch.no_grad():
+            target_features = self.target_encoder(images)
+            target_features = F.layer_norm(target_features, target_features.shape[-1:])
+            targets = gather_patches(target_features, target_indices.flatten(1))
+            targets = targets.view(batch_size, num_blocks, num_targets, -1)
+        context = self.encoder(images, context_indices)
+        predictions = self.predictor(context, context_indices, target_indices)
+        if self.hparams.loss == "mse":
+            return F.mse_loss(predictions.float(), targets.float())
+        return F.smooth_l1_loss(predictions.float(), targets.float())
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self.jepa_loss(batch)
+        optimizer = self.optimizers(use_pl_optimizer=False)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", optimizer.param_groups[0]["lr"])
+        self.log("train/weight_decay", optimizer.param_groups[0]["weight_decay"])
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.log("val/loss", self.jepa_loss(batch), sync_dist=True)
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.log("test/loss", self.jepa_loss(batch), sync_dist=True)
+
+    def predict_step(self, batch, batch_idx: int) -> dict[str, torch.Tensor]:
+        """Mean-pooled target features ``[B, D]`` and labels ``[B]`` of an ``(images, labels)`` batch."""
+        images, labels = batch["images"], batch["labels"]
+        return {"features": self.features(images), "labels": labels}
+
+    # --- optimisation -----------------------------------------------------------------------
+    def total_steps(self) -> int:
+        """Optimizer steps in the whole run, the length of every schedule."""
+        return max(int(self.trainer.estimated_stepping_batches), 1)
+
+    def weight_decay_at(self, step: int) -> float:
+        """Cosine weight decay ``weight_decay -> final_weight_decay`` at optimizer ``step``."""
+        hp = self.hparams
+        return cosine_schedule(step, self.total_steps(), hp.weight_decay, hp.final_weight_decay)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate at optimizer ``step``: linear warm-up, then cosine decay."""
+        hp = self.hparams
+        total = self.total_steps()
+        return warmup_cosine_schedule(step, total, min(hp.warmup_steps, total), hp.lr, hp.final_lr, hp.start_lr)
+
+    def configure_optimizers(self):
+        # No weight decay on biases, norms, position tables or the mask token (all < 2-D or
+        # embeddings), as in I-JEPA and timm.
+        decay, no_decay = [], []
+        for name, param in self.named_parameters():
+            if not param.requires_grad:
+                continue
+            is_table = "position" in name or "mask_token" in name
+            (no_decay if param.ndim < 2 or is_table else decay).append(param)
+        groups = [
+            {"params": decay, "weight_decay": self.hparams.weight_decay, "scheduled_weight_decay": True},
+            {"params": no_decay, "weight_decay": 0.0, "scheduled_weight_decay": False},
+        ]
+        fused = self.device.type == "cuda"
+        optimizer = torch.optim.AdamW(
+            groups, lr=self.hparams.lr, betas=tuple(self.hparams.betas), fused=fused, foreach=None if fused else True
+        )
+        base_lr = self.hparams.lr if self.hparams.lr > 0 else 1.0
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self.lr_at(step) / base_lr)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        weight_decay = self.weight_decay_at(self.global_step)
+        for group in self.optimizers(use_pl_optimizer=False).param_groups:
+            if group["scheduled_weight_decay"]:
+                group["weight_decay"] = weight_decay
+
+    def on_train_start(self) -> None:
+        from ijepa.callbacks.ema import EMATargetUpdate
+
+        if not any(isinstance(cb, EMATargetUpdate) for cb in self.trainer.callbacks):
+            rank_zero_warn(
+                "No EMATargetUpdate callback: the target encoder will stay at its initial weights. "
+                "Add `- class_path: ijepa.callbacks.EMATargetUpdate` to trainer.callbacks."
+            )

@@ -1,0 +1,196 @@
+"""Position encodings over a 2D patch grid.
+
+Every encoding receives the integer patch indices of the tokens it sees (``[B, K]``, row-major
+``i = r * grid_width + c``), never assumes the full grid, and acts in up to three places of a
+transformer (see :class:`PositionEncoding`):
+
+* additive: a ``[B, K, D]`` embedding added to the tokens before the first block
+  (``learned``, ``sincos``);
+* attention: rotary angles for q/k or a bias on the attention logits, handed to every attention
+  layer as :class:`AttentionPositions`;
+* after a block: a token-mixing step such as a positional convolution.
+
+The encoder and predictor call all three hooks, so a new encoding plugs in by overriding the
+hook it needs; nothing in the transformer changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from ijepa.nn.checks import check_indices, check_positive
+from ijepa.nn.patch import gather_patches
+
+SINCOS_AXIS_ORDERS = ("col_row", "row_col")
+
+
+@dataclass
+class AttentionPositions:
+    """What an attention layer needs to know about token positions.
+
+    Attributes:
+        rope: optional ``(cos, sin)``, each ``[B, 1, K, head_dim / 2]``, rotating q and k.
+        bias: optional additive attention bias ``[B, heads, K, K]`` (finite values only).
+    """
+
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    bias: torch.Tensor | None = None
+
+
+class PositionEncoding(nn.Module):
+    """Base class: a position encoding over a ``grid_height`` x ``grid_width`` patch grid.
+
+    Subclasses override the hooks they act through; the defaults do nothing.
+    """
+
+    def __init__(self, grid_height: int, grid_width: int, embed_dim: int):
+        super().__init__()
+        check_positive(grid_height, "grid_height")
+        check_positive(grid_width, "grid_width")
+        check_positive(embed_dim, "embed_dim")
+        self.grid_height = grid_height
+        self.grid_width = grid_width
+        self.num_positions = grid_height * grid_width
+        self.embed_dim = embed_dim
+
+    def add_to_tokens(self, tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, K, D]`` at ``indices [B, K]`` -> tokens with absolute positions added."""
+        return tokens
+
+    def attention_positions(self, indices: torch.Tensor) -> AttentionPositions | None:
+        """Rotary angles and/or attention bias for tokens at ``indices [B, K]``."""
+        return None
+
+    def after_block(self, block_index: int, tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """Hook run after transformer block ``block_index`` on ``tokens [B, K, D]``."""
+        return tokens
+
+    def row_col(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row-major indices ``[B, K]`` -> grid rows and columns, each ``[B, K]``."""
+        return indices // self.grid_width, indices % self.grid_width
+
+
+class NoPositionEmbedding(PositionEncoding):
+    """The ablation: no position information; the transformer is permutation-equivariant."""
+
+
+class AdditivePositionEmbedding(PositionEncoding):
+    """Base for encodings that add a ``[N, D]`` table, looked up at the token indices."""
+
+    def table(self) -> torch.Tensor:
+        """The full ``[N, D]`` table in row-major order."""
+        raise NotImplementedError
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        """``indices [B, K]`` -> embeddings ``[B, K, D]``."""
+        check_indices(indices, self.num_positions, "indices")
+        return self.table()[indices.long()]
+
+    def full_grid(self, batch_size: int = 1) -> torch.Tensor:
+        """Embeddings of every grid position, ``[batch_size, N, D]``."""
+        return self.table().unsqueeze(0).expand(batch_size, -1, -1)
+
+    def add_to_tokens(self, tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return tokens + self(indices)
+
+
+class Learned2DPositionEmbedding(AdditivePositionEmbedding):
+    """ViT's learned table over the flattened row-major index (trunc-normal init, std 0.02)."""
+
+    def __init__(self, grid_height: int, grid_width: int, embed_dim: int):
+        super().__init__(grid_height, grid_width, embed_dim)
+        self.embedding = nn.Embedding(self.num_positions, embed_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.trunc_normal_(self.embedding.weight, std=0.02)
+
+    def table(self) -> torch.Tensor:
+        return self.embedding.weight
+
+
+def sinusoidal_1d_positions(positions: torch.Tensor, dim: int, temperature: float = 10_000.0) -> torch.Tensor:
+    """Transformer sin-cos code of 1D positions: ``[N] -> [N, dim]`` laid out as ``[sin | cos]``.
+
+    Frequencies are ``temperature ** (-k / (dim / 2))`` for ``k < dim / 2``; always float32.
+    """
+    if dim <= 0 or dim % 2 != 0:
+        raise ValueError(f"dim must be a positive even number, got {dim}.")
+    omega = torch.arange(dim // 2, device=positions.device, dtype=torch.float32) / (dim // 2)
+    omega = temperature**-omega
+    angles = positions.float()[:, None] * omega[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+def sinusoidal_2d_grid(
+    grid_height: int,
+    grid_width: int,
+    embed_dim: int,
+    temperature: float = 10_000.0,
+    axis_order: str = "col_row",
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Fixed 2D sin-cos table ``[grid_height * grid_width, embed_dim]`` in row-major order.
+
+    Half the channels encode the row, half the column, so the inner product of two rows of the
+    table is ``f(r1 - r2) + g(c1 - c2)``. ``axis_order="col_row"`` puts the column half first, as
+    MAE and the official I-JEPA code do (their checkpoints load with correct positions);
+    ``"row_col"`` puts the row half first (V-JEPA, timm).
+    """
+    if embed_dim % 4 != 0:
+        raise ValueError(f"embed_dim must be divisible by 4 for 2D sin-cos, got {embed_dim}.")
+    if axis_order not in SINCOS_AXIS_ORDERS:
+        raise ValueError(f"axis_order must be one of {SINCOS_AXIS_ORDERS}, got {axis_order!r}.")
+    rows = torch.arange(grid_height, device=device).repeat_interleave(grid_width)
+    cols = torch.arange(grid_width, device=device).repeat(grid_height)
+    row_code = sinusoidal_1d_positions(rows, embed_dim // 2, temperature)
+    col_code = sinusoidal_1d_positions(cols, embed_dim // 2, temperature)
+    halves = [col_code, row_code] if axis_order == "col_row" else [row_code, col_code]
+    return torch.cat(halves, dim=1)
+
+
+class FixedSinCos2DPositionEmbedding(AdditivePositionEmbedding):
+    """Fixed 2D sin-cos embedding (MAE / I-JEPA); a float32 buffer, not saved in checkpoints."""
+
+    def __init__(
+        self,
+        grid_height: int,
+        grid_width: int,
+        embed_dim: int,
+        temperature: float = 10_000.0,
+        axis_order: str = "col_row",
+    ):
+        super().__init__(grid_height, grid_width, embed_dim)
+        self.temperature = temperature
+        self.axis_order = axis_order
+        table = sinusoidal_2d_grid(grid_height, grid_width, embed_dim, temperature, axis_order)
+        self.register_buffer("embedding", table, persistent=False)
+
+    def table(self) -> torch.Tensor:
+        return self.embedding
+
+
+def gather_tokens_with_positions(
+    patch_tokens: torch.Tensor, indices: torch.Tensor, position_embedding: AdditivePositionEmbedding
+) -> torch.Tensor:
+    """Gather ``[B, N, D]`` patch tokens at ``indices [B, K]`` and add their positions: ``[B, K, D]``."""
+    return gather_patches(patch_tokens, indices) + position_embedding(indices)
+
+
+POSITION_EMBEDDINGS: dict[str, type[PositionEncoding]] = {
+    "none": NoPositionEmbedding,
+    "learned": Learned2DPositionEmbedding,
+    "sincos": FixedSinCos2DPositionEmbedding,
+}
+
+
+def build_position_embedding(name: str, grid_height: int, grid_width: int, embed_dim: int, **options) -> PositionEncoding:
+    """Build a position encoding by its config name (see ``POSITION_EMBEDDINGS``)."""
+    if name not in POSITION_EMBEDDINGS:
+        raise ValueError(
+            f"unknown position embedding {name!r}; valid names: {', '.join(sorted(POSITION_EMBEDDINGS))}."
+        )
+    return POSITION_EMBEDDINGS[name](grid_height, grid_width, embed_dim, **options)

@@ -1,0 +1,166 @@
+"""Vision Transformer encoder over gathered patch indices (no class token)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from ijepa.nn.attention import Attention
+from ijepa.nn.checks import check_indices, check_positive
+from ijepa.nn.patch import PatchEmbed, gather_patches
+from ijepa.nn.position import AttentionPositions, PositionEncoding, build_position_embedding
+
+
+class MLP(nn.Module):
+    """Transformer feed-forward: ``[..., D] -> [..., hidden] -> GELU -> [..., D]``."""
+
+    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop the whole residual branch per sample with probability ``p``."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = x.new_empty(x.size(0), *([1] * (x.dim() - 1))).bernoulli_(1.0 - self.p)
+        return x * keep / (1.0 - self.p)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``; ``[B, K, D]``."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True, drop_path: float = 0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = MLP(dim, int(dim * mlp_ratio))
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, positions: AttentionPositions | None = None) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x), positions))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class Transformer(nn.Module):
+    """A stack of blocks plus final LayerNorm that lets a position encoding act at every stage.
+
+    ``forward(tokens [B, K, D], indices [B, K]) -> [B, K, D]``. Shared by encoder and predictor.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        position: PositionEncoding,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_path_rate: float = 0.0,
+    ):
+        super().__init__()
+        check_positive(depth, "depth")
+        if num_heads <= 0 or dim % num_heads != 0:
+            raise ValueError(f"num_heads={num_heads} must be a positive divisor of the width {dim}.")
+        self.position = position
+        rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        self.blocks = nn.ModuleList(Block(dim, num_heads, mlp_ratio, qkv_bias, rate) for rate in rates)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+
+    def forward(self, tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        positions = self.position.attention_positions(indices)
+        for i, block in enumerate(self.blocks):
+            tokens = block(tokens, positions)
+            tokens = self.position.after_block(i, tokens, indices)
+        return self.norm(tokens)
+
+
+def init_vit_weights(module: nn.Module) -> None:
+    """ViT/I-JEPA init: trunc-normal(0.02) linear and conv weights, zero biases, unit LayerNorm."""
+    if isinstance(module, (nn.Linear, nn.Conv2d)):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def rescale_residual_branches(blocks: nn.ModuleList) -> None:
+    """Divide each block's residual output projections by ``sqrt(2 * layer)``, as I-JEPA does,
+    so the residual stream's variance does not grow with depth at init."""
+    for layer, block in enumerate(blocks, start=1):
+        block.attn.proj.weight.data.div_(math.sqrt(2.0 * layer))
+        block.mlp.fc2.weight.data.div_(math.sqrt(2.0 * layer))
+
+
+class VisionTransformer(nn.Module):
+    """ViT encoder that runs only on the given patches.
+
+    ``forward(images [B, C, H, W], patch_indices [B, K] | None) -> [B, K, D]``; with no indices
+    it encodes all ``N = (H / P)^2`` patches in row-major order. Online and target encoders are
+    two instances of this class.
+    """
+
+    def __init__(
+        self,
+        image_size: int = 96,
+        patch_size: int = 8,
+        in_channels: int = 3,
+        embed_dim: int = 192,
+        depth: int = 12,
+        num_heads: int = 3,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_path_rate: float = 0.0,
+        pos_embed: str = "sincos",
+    ):
+        super().__init__()
+        self.patch_embed = PatchEmbed(image_size, patch_size, in_channels, embed_dim)
+        self.grid_size = self.patch_embed.grid_size
+        self.num_patches = self.patch_embed.num_patches
+        self.embed_dim = embed_dim
+        position = build_position_embedding(pos_embed, self.grid_size, self.grid_size, embed_dim)
+        self.transformer = Transformer(embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate)
+        self.apply(init_vit_weights)
+        if hasattr(position, "reset_parameters"):
+            position.reset_parameters()
+        rescale_residual_branches(self.transformer.blocks)
+
+    @property
+    def position(self) -> PositionEncoding:
+        """The encoder's position encoding."""
+        return self.transformer.position
+
+    def all_indices(self, batch_size: int, device: torch.device) -> torch.Tensor:
+        """Every patch index, ``[batch_size, N]``."""
+        return torch.arange(self.num_patches, device=device).expand(batch_size, -1)
+
+    def forward(self, images: torch.Tensor, patch_indices: torch.Tensor | None = None) -> torch.Tensor:
+        tokens = self.patch_embed(images)  # [B, N, D]
+        if patch_indices is None:
+            patch_indices = self.all_indices(images.size(0), images.device)
+        else:
+            check_indices(patch_indices, self.num_patches, "patch_indices")
+            if patch_indices.size(0) != images.size(0):
+                raise ValueError(
+                    f"batch mismatch: images have B={images.size(0)}, patch_indices have B={patch_indices.size(0)}."
+                )
+            tokens = gather_patches(tokens, patch_indices)
+        tokens = self.position.add_to_tokens(tokens, patch_indices)
+        return self.transformer(tokens, patch_indices)
