@@ -1,0 +1,245 @@
+"""The IJEPADataModule: STL-10, any image folder, or generated shapes, with I-JEPA masks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
+from torchvision import datasets
+from torchvision.transforms import v2
+
+from ijepa.data.stl10 import STL10
+from ijepa.masks import MaskCollator, MultiBlockMaskSampler
+from ijepa.nn.patch import grid_size
+
+DATASETS = ("stl10", "imagefolder", "shapes")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def labeled_collate(samples: list) -> dict[str, torch.Tensor]:
+    """Stack ``(image, label)`` samples into ``{"images": [B, C, H, W], "labels": [B]}``."""
+    images, labels = default_collate(samples)
+    return {"images": images, "labels": labels}
+
+
+def holdout_split(labels: list[int], fraction: float) -> tuple[list[int], list[int]]:
+    """Deterministic class-balanced split of dataset positions into ``(kept, held_out)``: the
+    ``r``-th image of a class is held out when ``floor((r + 1) * fraction) > floor(r * fraction)``."""
+    rank: dict[int, int] = {}
+    kept, held_out = [], []
+    for i, label in enumerate(labels):
+        r = rank.get(label, 0)
+        rank[label] = r + 1
+        (held_out if int((r + 1) * fraction) > int(r * fraction) else kept).append(i)
+    return kept, held_out
+
+
+class IJEPADataModule(L.LightningDataModule):
+    """Images for I-JEPA pretraining plus the labelled splits the probes need.
+
+    Datasets (``dataset``):
+
+    * ``stl10``: pretrain on ``train+unlabeled`` (105k images); k-NN bank ``train``, queries
+      ``test``. Expects ``root/stl10_binary``; ``download=true`` fetches it (2.6 GB).
+    * ``imagefolder``: ``root`` with class subfolders. If ``root/train`` and ``root/val`` (or
+      ``root/test``) exist they are the two splits; otherwise (``root`` or ``root/train`` alone) a
+      deterministic, class-balanced ``holdout_fraction`` of the images is held out for probing
+      and not pretrained on.
+    * ``shapes``: generated labelled shapes (:mod:`ijepa.data.shapes`), fully offline.
+
+    Loaders: ``train_dataloader`` / ``val_dataloader`` / ``test_dataloader`` yield masked batches
+    (see :class:`ijepa.masks.MaskCollator`); ``knn_train_dataloader`` / ``knn_test_dataloader`` /
+    ``predict_dataloader`` yield ``{"images", "labels"}`` with the evaluation transform.
+    ``patch_size`` is linked from the model by the CLI, so the mask grid and the model's patch
+    grid cannot disagree.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "stl10",
+        root: str = "data",
+        download: bool = False,
+        image_size: int = 96,
+        patch_size: int = 8,
+        batch_size: int = 128,
+        num_workers: int = 4,
+        pin_memory: bool = True,
+        crop_scale: tuple[float, float] | None = (0.3, 1.0),
+        horizontal_flip: bool = False,
+        num_target_blocks: int = 4,
+        target_scale: tuple[float, float] = (0.15, 0.2),
+        target_aspect_ratio: tuple[float, float] = (0.75, 1.5),
+        context_scale: tuple[float, float] = (0.85, 1.0),
+        min_keep: int = 4,
+        knn_batch_size: int = 256,
+        holdout_fraction: float = 0.2,
+        shapes_train_size: int = 10_000,
+        shapes_val_size: int = 2_000,
+        shapes_background: str = "plain",
+        seed: int = 0,
+    ):
+        super().__init__()
+        if dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}.")
+        for name, value in (("batch_size", batch_size), ("knn_batch_size", knn_batch_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}.")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}.")
+        if not 0.0 < holdout_fraction < 1.0:
+            raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}.")
+        if crop_scale is not None and not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
+            raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, or null; got {crop_scale}.")
+        self.save_hyperparameters()
+        self.grid_size = grid_size(image_size, patch_size)
+        self.mask_sampler = MultiBlockMaskSampler(
+            self.grid_size, num_target_blocks, target_scale, target_aspect_ratio, context_scale, min_keep=min_keep
+        )
+        self.num_classes = 10
+        self._splits: dict[str, Dataset] = {}
+
+    # --- transforms ---------------------------------------------------------------------------
+    def train_transform(self) -> v2.Transform:
+        """Pretraining augmentation: random resized crop (I-JEPA's only one) and optional flip."""
+        hp = self.hparams
+        if hp.crop_scale is None:
+            return self.eval_transform()
+        steps = [v2.ToImage(), v2.RandomResizedCrop(hp.image_size, scale=tuple(hp.crop_scale), antialias=True)]
+        if hp.horizontal_flip:
+            steps.append(v2.RandomHorizontalFlip())
+        return v2.Compose(steps + self._to_float())
+
+    def eval_transform(self) -> v2.Transform:
+        """Deterministic resize + centre crop to ``image_size``, then normalise."""
+        size = self.hparams.image_size
+        return v2.Compose([v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size), *self._to_float()])
+
+    @staticmethod
+    def _to_float() -> list[v2.Transform]:
+        return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+
+    # --- datasets -----------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        if self.hparams.dataset == "stl10" and self.hparams.download:
+            STL10(self.hparams.root, split="train+unlabeled", download=True)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._splits:
+            return
+        self.mask_sampler.check()
+        builder = {"stl10": self._stl10, "imagefolder": self._imagefolder, "shapes": self._shapes}
+        self._splits = builder[self.hparams.dataset]()
+
+    def _stl10(self) -> dict[str, Dataset]:
+        root = Path(self.hparams.root)
+        if not (root / "stl10_binary").is_dir():
+            raise FileNotFoundError(
+                f"STL-10 not found: expected {root / 'stl10_binary'} (data.root={str(root)!r}). "
+                f"Set data.download=true to fetch it, or point data.root at the folder holding stl10_binary/."
+            )
+
+        def split(name: str, transform: v2.Transform) -> Dataset:
+            try:
+                return STL10(str(root), split=name, transform=transform, download=False)
+            except RuntimeError as error:  # torchvision's "not found or corrupted"
+                raise FileNotFoundError(
+                    f"STL-10 under {root / 'stl10_binary'} is incomplete or truncated ({error}); "
+                    f"set data.download=true to fetch it again."
+                ) from error
+
+        train, evaluate = self.train_transform(), self.eval_transform()
+        return {
+            "pretrain": split("train+unlabeled", train),
+            "val": split("test", evaluate),
+            "knn_train": split("train", evaluate),
+            "knn_test": split("test", evaluate),
+        }
+
+    def _imagefolder(self) -> dict[str, Dataset]:
+        root = Path(self.hparams.root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"image folder not found: data.root={str(root)!r} is not a directory.")
+        train, evaluate = self.train_transform(), self.eval_transform()
+        held_out = next((root / name for name in ("val", "test") if (root / name).is_dir()), None)
+        has_train = (root / "train").is_dir()
+        if held_out is not None and not has_train:
+            raise ValueError(f"data.root={str(root)!r} has {held_out.name}/ but no train/ folder beside it.")
+        if has_train and held_out is not None:
+            folders = {"pretrain": (root / "train", train), "val": (held_out, evaluate),
+                       "knn_train": (root / "train", evaluate), "knn_test": (held_out, evaluate)}
+            splits = {name: datasets.ImageFolder(str(path), transform=tf) for name, (path, tf) in folders.items()}
+            self.num_classes = len(splits["knn_train"].classes)
+        else:
+            # One folder (root, or root/train alone): hold out a fixed, class-balanced share.
+            folder = str(root / "train") if has_train else str(root)
+            pretrain_set = datasets.ImageFolder(folder, transform=train)
+            eval_set = datasets.ImageFolder(folder, transform=evaluate)
+            train_idx, test_idx = holdout_split(pretrain_set.targets, self.hparams.holdout_fraction)
+            if not test_idx or not train_idx:
+                raise ValueError(
+                    f"data.root={str(root)!r} has too few images to hold out "
+                    f"holdout_fraction={self.hparams.holdout_fraction} of each class for probing."
+                )
+            splits = {"pretrain": Subset(pretrain_set, train_idx), "val": Subset(eval_set, test_idx),
+                      "knn_train": Subset(eval_set, train_idx), "knn_test": Subset(eval_set, test_idx)}
+            self.num_classes = len(pretrain_set.classes)
+        return splits
+
+    def _shapes(self) -> dict[str, Dataset]:
+        from ijepa.data.shapes import ShapesDataset
+
+        hp = self.hparams
+        # Shapes are rendered at the model's image size; the transforms only normalise (and crop).
+        def make(split: str, size: int, transform: v2.Transform) -> ShapesDataset:
+            return ShapesDataset(size, hp.image_size, split=split, seed=hp.seed, background=hp.shapes_background, transform=transform)
+
+        train_set = make("train", hp.shapes_train_size, self.train_transform())
+        val_set = make("val", hp.shapes_val_size, self.eval_transform())
+        self.num_classes = train_set.num_classes
+        return {"pretrain": train_set, "val": val_set,
+                "knn_train": make("train", hp.shapes_train_size, self.eval_transform()), "knn_test": val_set}
+
+    def split(self, name: str) -> Dataset:
+        """One of the datasets ``pretrain``, ``val``, ``knn_train``, ``knn_test``."""
+        if not self._splits:
+            self.setup()
+        return self._splits[name]
+
+    # --- loaders ------------------------------------------------------------------------------
+    def _loader(
+        self, dataset: Dataset, batch_size: int, shuffle: bool, collate_fn, drop_last: bool = False, persistent: bool = True
+    ) -> DataLoader:
+        workers = self.hparams.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            num_workers=workers,
+            collate_fn=collate_fn,
+            pin_memory=self.hparams.pin_memory and torch.cuda.is_available(),
+            drop_last=drop_last,
+            persistent_workers=persistent and workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.split("pretrain"), self.hparams.batch_size, True, MaskCollator(self.mask_sampler), drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.split("val"), self.hparams.batch_size, False, MaskCollator(self.mask_sampler))
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.knn_test_dataloader()
+
+    def knn_train_dataloader(self) -> DataLoader:
+        """Labelled bank for the k-NN probe, evaluation transform, ``{"images", "labels"}`` batches."""
+        return self._loader(self.split("knn_train"), self.hparams.knn_batch_size, False, labeled_collate, persistent=False)
+
+    def knn_test_dataloader(self) -> DataLoader:
+        """Held-out labelled queries for the k-NN probe."""
+        return self._loader(self.split("knn_test"), self.hparams.knn_batch_size, False, labeled_collate, persistent=False)

@@ -1,0 +1,412 @@
+"""Procedurally generated, labelled shapes dataset for offline experiments.
+
+Every image is one coloured geometric shape (random class, position, scale,
+rotation and hue) on a plain, noisy or textured background. Images are a pure
+function of ``(seed, split, index, image_size, background)``, so the dataset
+needs no download and train/val splits are reproducible everywhere.
+
+Determinism note: the pixel-grid arithmetic only uses IEEE correctly rounded
+ops (+, -, *, /, abs, floor, comparisons) with per-image scalars precomputed in
+Python. Transcendental functions (sin, atan2, exp) are vectorised differently
+depending on tensor size and thread count, which would make a batch-rendered
+(cached) image differ by an ulp from the same image rendered alone.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import math
+import operator
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+
+__all__ = ["CLASSES", "BACKGROUNDS", "SPLITS", "ShapesDataset"]
+
+CLASSES: tuple[str, ...] = (
+    "circle",
+    "ring",
+    "square",
+    "frame",
+    "triangle",
+    "star",
+    "cross",
+    "crescent",
+    "half_disk",
+    "bar",
+)
+BACKGROUNDS: tuple[str, ...] = ("plain", "noisy", "busy")
+SPLITS: tuple[str, ...] = ("train", "val")
+
+_NOISE_STD = {"plain": 0.02, "noisy": 0.08, "busy": 0.02}
+_RADIUS_RANGE = (0.2, 0.42)  # shape radius as a fraction of image size
+_MIN_CONTRAST = 0.4  # min RGB distance between shape and plain background
+_CHUNK_POINTS = 1 << 23  # sub-sample points per render chunk, bounds memory
+_N_GRATINGS, _N_BLOBS = 3, 2
+_N_SHAPE_U = 7 + 4 * 3  # geometry + fg colour + 4 candidate bg colours
+_N_TEXTURE_U = 6 * _N_GRATINGS + 6 * _N_BLOBS
+_MASK64 = (1 << 64) - 1
+
+
+# --------------------------------------------------------------------------
+# shape inside-tests on local coordinates (u, v), shape extent ~ unit disk
+
+
+def _polygon(u: Tensor, v: Tensor, verts: Sequence[tuple[float, float]]) -> Tensor:
+    """Inside test for a convex polygon with CCW ``verts``; u, v: [...] -> bool [...]."""
+    inside = torch.ones_like(u, dtype=torch.bool)
+    for (x0, y0), (x1, y1) in zip(verts, verts[1:] + verts[:1]):
+        inside &= (v - y0) * (x1 - x0) - (u - x0) * (y1 - y0) >= 0
+    return inside
+
+
+def _regular_vertices(n: int, radius: float = 1.0, phase: float = math.pi / 2) -> list:
+    return [
+        (radius * math.cos(phase + 2 * math.pi * k / n), radius * math.sin(phase + 2 * math.pi * k / n))
+        for k in range(n)
+    ]
+
+
+def _pentagram_lines() -> list:
+    # the 5 lines extending the edges of the inner pentagon, as (a, b, d) with a*u + b*v <= d inside
+    d = math.cos(2 * math.pi / 5)  # distance of the inner pentagon edges from the centre
+    lines = []
+    for k in range(5):
+        a = math.pi / 2 + 2 * math.pi * k / 5  # each edge normal points at the tip beyond it
+        lines.append((math.cos(a), math.sin(a), d))
+    return lines
+
+
+_TRIANGLE = _regular_vertices(3)
+_PENTAGRAM = _pentagram_lines()
+
+
+def _circle(u, v):
+    return u * u + v * v <= 1.0
+
+
+def _ring(u, v):
+    r2 = u * u + v * v
+    return (r2 <= 1.0) & (r2 >= 0.55**2)
+
+
+def _square(u, v):
+    return (u.abs() <= 0.7) & (v.abs() <= 0.7)
+
+
+def _frame(u, v):
+    return _square(u, v) & ~((u.abs() <= 0.4) & (v.abs() <= 0.4))
+
+
+def _triangle(u, v):
+    return _polygon(u, v, _TRIANGLE)
+
+
+def _star(u, v):
+    # pentagram: the pentagon core violates none of the 5 edge lines, a tip exactly
+    # one, every point outside the star at least two; avoids a non-exact atan2
+    outside = torch.zeros_like(u, dtype=torch.uint8)
+    for a, b, d in _PENTAGRAM:
+        outside += u * a + v * b > d
+    return outside <= 1
+
+
+def _cross(u, v):
+    au, av = u.abs(), v.abs()
+    return ((au <= 0.3) & (av <= 0.95)) | ((av <= 0.3) & (au <= 0.95))
+
+
+def _crescent(u, v):
+    du = u - 0.45
+    return (u * u + v * v <= 1.0) & (du * du + v * v > 0.8**2)
+
+
+def _half_disk(u, v):
+    # shifted down so the half disk is roughly centred on the origin
+    dv = v + 0.35
+    return (u * u + dv * dv <= 0.95**2) & (dv >= 0)
+
+
+def _bar(u, v):
+    return (u.abs() <= 0.95) & (v.abs() <= 0.22)
+
+
+_SHAPE_FNS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "circle": _circle,
+    "ring": _ring,
+    "square": _square,
+    "frame": _frame,
+    "triangle": _triangle,
+    "star": _star,
+    "cross": _cross,
+    "crescent": _crescent,
+    "half_disk": _half_disk,
+    "bar": _bar,
+}
+assert tuple(_SHAPE_FNS) == CLASSES
+
+
+# --------------------------------------------------------------------------
+# per-index parameters
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _index_seed(seed: int, split: str, index: int) -> int:
+    """Well-mixed int63 seed; a plain linear combination would let e.g. train
+    index 7919 collide with val index 0."""
+    h = _splitmix64(seed & _MASK64)
+    h = _splitmix64(h ^ SPLITS.index(split))
+    h = _splitmix64(h ^ index)
+    return h >> 1
+
+
+def _rgb_dist(a: Sequence[float], b: Sequence[float]) -> float:
+    return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+
+
+def _sample_params(seed: int, split: str, index: int, image_size: int, num_classes: int) -> dict:
+    """Draw all random quantities of one image from its own generator.
+
+    Draw order and count are fixed (texture is drawn even for plain backgrounds)
+    so the same index shares shape, colours and noise pattern across backgrounds.
+    """
+    g = torch.Generator().manual_seed(_index_seed(seed, split, index))
+    u = torch.rand(_N_SHAPE_U + _N_TEXTURE_U, generator=g, dtype=torch.float64).tolist()
+    noise = torch.randn(3, image_size, image_size, generator=g)
+
+    lo, hi = _RADIUS_RANGE
+    radius = image_size * (lo + (hi - lo) * u[0])
+    cx = radius + (image_size - 2 * radius) * u[1]
+    cy = radius + (image_size - 2 * radius) * u[2]
+    theta = 2 * math.pi * u[3]
+    fg = colorsys.hsv_to_rgb(u[4], 0.65 + 0.35 * u[5], 0.75 + 0.25 * u[6])
+
+    # rejection over a fixed number of candidates keeps the draw count constant
+    candidates = [
+        colorsys.hsv_to_rgb(u[7 + 3 * k], 0.35 * u[8 + 3 * k], 0.05 + 0.9 * u[9 + 3 * k])
+        for k in range(4)
+    ]
+    bg = next((c for c in candidates if _rgb_dist(c, fg) >= _MIN_CONTRAST), None)
+    if bg is None:
+        bg = max(((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)), key=lambda c: _rgb_dist(c, fg))
+
+    t = u[_N_SHAPE_U:]
+    gratings = []
+    for k in range(_N_GRATINGS):
+        a, f, ph, r, gg, b = t[6 * k : 6 * k + 6]
+        a *= 2 * math.pi
+        freq = (1.5 + 4.5 * f) / image_size  # cycles per pixel
+        amp = [0.25 * (2 * c - 1) for c in (r, gg, b)]
+        gratings.append((math.cos(a) * freq, math.sin(a) * freq, ph, amp))
+    t = t[6 * _N_GRATINGS :]
+    blobs = []
+    for k in range(_N_BLOBS):
+        bx, by, br, h, s, v = t[6 * k : 6 * k + 6]
+        br = image_size * (0.1 + 0.25 * br)
+        blobs.append((bx * image_size, by * image_size, 1.0 / (br * br), colorsys.hsv_to_rgb(h, s, v)))
+
+    return dict(
+        label=index % num_classes,
+        cx=cx,
+        cy=cy,
+        # rotation and scale folded into two scalars: u = (dx*c + dy*s), v = (dy*c - dx*s)
+        c=math.cos(theta) / radius,
+        s=math.sin(theta) / radius,
+        fg=fg,
+        bg=bg,
+        gratings=gratings,
+        blobs=blobs,
+        noise=noise,
+    )
+
+
+# --------------------------------------------------------------------------
+# rendering
+
+
+def _col(values: Sequence[float]) -> Tensor:
+    """Per-image scalars -> float32 [B, 1, 1] for broadcasting over a pixel grid."""
+    return torch.tensor(values, dtype=torch.float32).view(-1, 1, 1)
+
+
+def _supersample(image_size: int) -> int:
+    # sub-samples per pixel side; large images already resolve edges finely
+    return 4 if image_size <= 64 else 2
+
+
+def _coverage(params: list[dict], image_size: int) -> Tensor:
+    """Anti-aliased shape coverage in [0, 1]; -> float32 [B, H, W]."""
+    ss = _supersample(image_size)
+    n = image_size * ss
+    grid = (torch.arange(n, dtype=torch.float32) + 0.5) / ss  # sub-sample centres in pixel units
+    xs, ys = grid.view(1, 1, n), grid.view(1, n, 1)
+    alpha = torch.empty(len(params), image_size, image_size)
+    labels = torch.tensor([p["label"] for p in params])
+    for label in labels.unique().tolist():
+        idx = (labels == label).nonzero().flatten()
+        sub = [params[i] for i in idx.tolist()]
+        dx = xs - _col([p["cx"] for p in sub])
+        dy = ys - _col([p["cy"] for p in sub])
+        c, s = _col([p["c"] for p in sub]), _col([p["s"] for p in sub])
+        u = dx * c + dy * s
+        v = dy * c - dx * s
+        inside = _SHAPE_FNS[CLASSES[label]](u, v)
+        # integer sub-sample counts are exact, so no reduction-order effects
+        count = inside.view(len(sub), image_size, ss, image_size, ss).sum((2, 4))
+        alpha[idx] = count.float() / (ss * ss)
+    return alpha
+
+
+def _tri(t: Tensor) -> Tensor:
+    """Triangle wave with period 1 in [-1, 1]; a sine substitute using exact ops."""
+    return (t - t.floor() - 0.5).abs() * 4 - 1
+
+
+def _texture(params: list[dict], image_size: int) -> Tensor:
+    """Busy background: gratings plus soft blobs over the base colour; -> [B, 3, H, W]."""
+    grid = torch.arange(image_size, dtype=torch.float32) + 0.5
+    xs, ys = grid.view(1, 1, -1), grid.view(1, -1, 1)
+    bg = _col([c for p in params for c in p["bg"]]).view(-1, 3, 1, 1).expand(-1, -1, image_size, image_size)
+    for k in range(_N_GRATINGS):
+        fx = _col([p["gratings"][k][0] for p in params])
+        fy = _col([p["gratings"][k][1] for p in params])
+        phase = _col([p["gratings"][k][2] for p in params])
+        amp = _col([a for p in params for a in p["gratings"][k][3]]).view(-1, 3, 1, 1)
+        bg = bg + amp * _tri(xs * fx + ys * fy + phase).unsqueeze(1)
+    for k in range(_N_BLOBS):
+        dx = xs - _col([p["blobs"][k][0] for p in params])
+        dy = ys - _col([p["blobs"][k][1] for p in params])
+        q = 1.0 / (1.0 + (dx * dx + dy * dy) * _col([p["blobs"][k][2] for p in params]))
+        w = (q * q).unsqueeze(1)  # Cauchy-like soft blob, no exp needed
+        colour = _col([c for p in params for c in p["blobs"][k][3]]).view(-1, 3, 1, 1)
+        bg = bg + w * (colour - bg)
+    return bg
+
+
+def _render(params: list[dict], image_size: int, background: str) -> Tensor:
+    """Render a batch of images from their parameters; -> uint8 [B, 3, H, W]."""
+    alpha = _coverage(params, image_size).unsqueeze(1)
+    fg = _col([c for p in params for c in p["fg"]]).view(-1, 3, 1, 1)
+    if background == "busy":
+        bg = _texture(params, image_size)
+    else:
+        bg = _col([c for p in params for c in p["bg"]]).view(-1, 3, 1, 1)
+    img = bg + alpha * (fg - bg)
+    img = img + _NOISE_STD[background] * torch.stack([p["noise"] for p in params])
+    return img.clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8)
+
+
+# --------------------------------------------------------------------------
+# dataset
+
+
+def _check_choice(name: str, value, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+class ShapesDataset(Dataset):
+    """Labelled images of one random geometric shape each, rendered procedurally.
+
+    Items are ``(image, label)``: image a ``tv_tensors.Image`` uint8 [3, H, W]
+    (after ``transform`` if given), label an int in ``[0, num_classes)``.
+    Labels are ``index % num_classes``, so classes are balanced.
+
+    Args:
+        num_samples: dataset length, >= 1.
+        image_size: H = W in pixels, >= 8.
+        split: "train" or "val"; mixed into the per-index seed so splits differ.
+        seed: base seed; same (seed, split, index, image_size, background)
+            always gives the same image.
+        background: "plain" (uniform colour, noise std 0.02), "noisy" (noise std
+            0.08) or "busy" (random gratings and blobs). Shape, colours and
+            noise pattern of an index are shared across backgrounds.
+        cache: render everything once at construction ([N, 3, H, W] uint8,
+            N*3*H*W bytes) instead of per access; both give identical images.
+        transform: optional callable applied to the image.
+    """
+
+    classes: tuple[str, ...] = CLASSES
+
+    def __init__(
+        self,
+        num_samples: int,
+        image_size: int = 48,
+        split: str = "train",
+        seed: int = 0,
+        background: str = "plain",
+        cache: bool = True,
+        transform: Callable | None = None,
+    ) -> None:
+        _check_int("num_samples", num_samples, 1)
+        _check_int("image_size", image_size, 8)
+        _check_choice("split", split, SPLITS)
+        _check_choice("background", background, BACKGROUNDS)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.num_samples = num_samples
+        self.image_size = image_size
+        self.split = split
+        self.seed = seed
+        self.background = background
+        self.transform = transform
+        self.targets: list[int] = [i % self.num_classes for i in range(num_samples)]
+        self.images: Tensor | None = self._render_all() if cache else None
+
+    @property
+    def num_classes(self) -> int:
+        """Number of shape classes, ``len(CLASSES)``."""
+        return len(CLASSES)
+
+    def render(self, indices: Sequence[int]) -> Tensor:
+        """Render the given (non-negative, in range) indices; -> uint8 [len(indices), 3, H, W]."""
+        params = [
+            _sample_params(self.seed, self.split, i, self.image_size, self.num_classes) for i in indices
+        ]
+        return _render(params, self.image_size, self.background)
+
+    def _render_all(self) -> Tensor:
+        chunk = max(1, _CHUNK_POINTS // (self.image_size * _supersample(self.image_size)) ** 2)
+        out = torch.empty(self.num_samples, 3, self.image_size, self.image_size, dtype=torch.uint8)
+        for start in range(0, self.num_samples, chunk):
+            stop = min(start + chunk, self.num_samples)
+            out[start:stop] = self.render(range(start, stop))
+        return out
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> tuple[tv_tensors.Image, int]:
+        i = operator.index(index)
+        if i < 0:
+            i += self.num_samples
+        if not 0 <= i < self.num_samples:
+            raise IndexError(f"index {index} out of range for ShapesDataset of length {self.num_samples}")
+        image = self.images[i] if self.images is not None else self.render([i])[0]
+        image = tv_tensors.Image(image)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, self.targets[i]
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_samples={self.num_samples}, image_size={self.image_size}, split={self.split!r}, "
+            f"seed={self.seed}, background={self.background!r}, cached={self.images is not None}"
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"

@@ -1,0 +1,432 @@
+"""IJEPADataModule: STL-10 (from a tiny folder in STL-10's binary layout), image folders,
+generated shapes, and argument validation. Everything is offline, tiny and single-process."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import Subset
+
+from ijepa.data.datamodule import DATASETS, IMAGENET_MEAN, IMAGENET_STD, IJEPADataModule
+
+STL_SIZE = 96
+STL_GRID = STL_SIZE // 8
+STL_CLASSES = ("airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck")
+# Image ids are stored in pixel [channel 0, row 0, col 0], so every image is identifiable.
+TRAIN_IDS = list(range(0, 20))
+UNLABELED_IDS = list(range(100, 130))
+TEST_IDS = list(range(200, 210))
+MASK_KEYS = {"images", "labels", "context_indices", "target_indices"}
+
+
+# --- helpers --------------------------------------------------------------------------------
+def stl_pattern(image_id: int) -> np.ndarray:
+    """The image ``[3, H, W]`` (uint8, CHW, rows first) a reader must return for ``image_id``.
+
+    ``value = id + 3 * channel + row + 2 * col`` is not symmetric under a row/column transpose,
+    and pixel ``[0, 0, 0]`` is the id itself.
+    """
+    c = np.arange(3)[:, None, None]
+    r = np.arange(STL_SIZE)[None, :, None]
+    col = np.arange(STL_SIZE)[None, None, :]
+    return ((image_id + 3 * c + r + 2 * col) % 256).astype(np.uint8)
+
+
+def stl_label(image_id: int) -> int:
+    """0-based label of a labelled image (the file stores ``label + 1``)."""
+    return (image_id * 7 + 3) % 10
+
+
+def write_stl_images(path: Path, ids: list[int]) -> None:
+    images = np.stack([stl_pattern(i) for i in ids])  # [N, 3, H, W], H = rows
+    # STL-10 stores each channel column-major: torchvision reads [N, 3, 96, 96] and swaps the
+    # last two axes, so the file holds the transpose of what the reader must return.
+    np.ascontiguousarray(images.transpose(0, 1, 3, 2)).tofile(path)
+
+
+def write_stl10(root: Path) -> Path:
+    folder = root / "stl10_binary"
+    folder.mkdir(parents=True)
+    write_stl_images(folder / "train_X.bin", TRAIN_IDS)
+    np.array([stl_label(i) + 1 for i in TRAIN_IDS], dtype=np.uint8).tofile(folder / "train_y.bin")
+    write_stl_images(folder / "test_X.bin", TEST_IDS)
+    np.array([stl_label(i) + 1 for i in TEST_IDS], dtype=np.uint8).tofile(folder / "test_y.bin")
+    write_stl_images(folder / "unlabeled_X.bin", UNLABELED_IDS)
+    (folder / "class_names.txt").write_text("\n".join(STL_CLASSES) + "\n")
+    return folder
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """Undo ``ToDtype(scale=True)`` + ``Normalize(ImageNet)``: float ``[..., 3, H, W]`` -> uint8."""
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    restored = (images * std + mean) * 255.0
+    assert (restored - restored.round()).abs().max() < 1e-2, "not an exactly normalised uint8 image"
+    return restored.round().clamp(0, 255).to(torch.uint8)
+
+
+def check_masked_batch(batch: dict, batch_size: int, image_size: int, num_patches: int) -> None:
+    assert set(batch) == MASK_KEYS
+    images, labels = batch["images"], batch["labels"]
+    context, targets = batch["context_indices"], batch["target_indices"]
+    assert images.shape == (batch_size, 3, image_size, image_size)
+    assert images.dtype == torch.float32
+    assert labels.shape == (batch_size,)
+    assert context.dim() == 2 and context.size(0) == batch_size and context.size(1) >= 1
+    assert targets.dim() == 3 and targets.size(0) == batch_size and targets.size(2) >= 1
+    assert context.dtype == targets.dtype == torch.long
+    for indices in (context, targets):
+        assert indices.min() >= 0 and indices.max() < num_patches
+    for b in range(batch_size):  # context and targets never share a patch
+        assert not set(context[b].tolist()) & set(targets[b].flatten().tolist())
+
+
+def stl_module(root: Path, **overrides) -> IJEPADataModule:
+    kwargs = dict(dataset="stl10", root=str(root), image_size=STL_SIZE, patch_size=8, batch_size=8,
+                  knn_batch_size=8, num_workers=0, crop_scale=None)
+    kwargs.update(overrides)
+    return IJEPADataModule(**kwargs)
+
+
+@pytest.fixture
+def stl_root(tmp_path: Path) -> Path:
+    write_stl10(tmp_path)
+    return tmp_path
+
+
+# --- STL-10 ---------------------------------------------------------------------------------
+def test_stl10_splits_sizes_and_labels(stl_root):
+    dm = stl_module(stl_root)
+    dm.setup("fit")
+    assert dm.num_classes == 10
+    assert len(dm.split("pretrain")) == len(TRAIN_IDS) + len(UNLABELED_IDS) == 50
+    assert len(dm.split("knn_train")) == 20
+    assert len(dm.split("knn_test")) == 10
+    assert len(dm.split("val")) == 10
+    assert list(dm.split("knn_train").classes) == list(STL_CLASSES)
+
+
+def test_stl10_images_read_back_exactly_with_orientation(stl_root):
+    """Each image written at position i comes back as written (ids, rows vs columns, channels)."""
+    dm = stl_module(stl_root)
+    dm.setup("fit")
+    pretrain = dm.split("pretrain")
+    for position, image_id in enumerate(TRAIN_IDS + UNLABELED_IDS):
+        image, label = pretrain[position]
+        assert isinstance(image, torch.Tensor) and image.shape == (3, STL_SIZE, STL_SIZE)
+        np.testing.assert_array_equal(to_uint8(image).numpy(), stl_pattern(image_id), err_msg=f"position {position}")
+        assert label == (stl_label(image_id) if image_id in TRAIN_IDS else -1)
+    # Spell out the orientation: one row down adds 1, one column right adds 2.
+    first = to_uint8(pretrain[0][0]).int()
+    assert first[0, 1, 0] - first[0, 0, 0] == 1
+    assert first[0, 0, 1] - first[0, 0, 0] == 2
+    assert first[1, 0, 0] - first[0, 0, 0] == 3
+
+
+def test_stl10_train_loader_end_to_end(stl_root):
+    dm = stl_module(stl_root)
+    dm.setup("fit")
+    seen = []
+    batches = list(dm.train_dataloader())
+    assert len(batches) == 50 // 8  # drop_last keeps mask shapes uniform per batch
+    for batch in batches:
+        check_masked_batch(batch, 8, STL_SIZE, STL_GRID**2)
+        images = to_uint8(batch["images"])
+        for image, label in zip(images, batch["labels"].tolist()):
+            image_id = int(image[0, 0, 0])
+            assert image_id in TRAIN_IDS or image_id in UNLABELED_IDS
+            np.testing.assert_array_equal(image.numpy(), stl_pattern(image_id))
+            assert label == (stl_label(image_id) if image_id in TRAIN_IDS else -1)
+            seen.append(image_id)
+    assert len(seen) == len(set(seen)) == 48
+    assert any(i in UNLABELED_IDS for i in seen) and any(i in TRAIN_IDS for i in seen)
+
+
+def test_stl10_knn_loaders_are_labelled_only(stl_root):
+    dm = stl_module(stl_root)
+    dm.setup("fit")
+    for loader, ids in ((dm.knn_train_dataloader(), TRAIN_IDS), (dm.knn_test_dataloader(), TEST_IDS)):
+        seen, labels = [], []
+        for batch in loader:
+            assert set(batch) == {"images", "labels"}
+            assert batch["images"].shape[1:] == (3, STL_SIZE, STL_SIZE)
+            seen += [int(i) for i in to_uint8(batch["images"])[:, 0, 0, 0]]
+            labels += batch["labels"].tolist()
+        assert seen == ids  # in file order, no unlabeled image, none missing
+        assert labels == [stl_label(i) for i in ids]
+        assert min(labels) >= 0 and max(labels) <= 9
+    assert set(stl_label(i) for i in TRAIN_IDS) == set(range(10))
+    # predict uses the k-NN queries
+    predict_ids = [int(i) for b in dm.predict_dataloader() for i in to_uint8(b["images"])[:, 0, 0, 0]]
+    assert predict_ids == TEST_IDS
+
+
+def test_stl10_val_loader_is_masked_test_split(stl_root):
+    dm = stl_module(stl_root)
+    dm.setup("validate")
+    batches = list(dm.val_dataloader())
+    assert [b["images"].size(0) for b in batches] == [8, 2]  # no drop_last on evaluation
+    ids = []
+    for batch in batches:
+        check_masked_batch(batch, batch["images"].size(0), STL_SIZE, STL_GRID**2)
+        ids += [int(i) for i in to_uint8(batch["images"])[:, 0, 0, 0]]
+    assert ids == TEST_IDS
+    assert sum(b["images"].size(0) for b in dm.test_dataloader()) == 10
+
+
+def test_stl10_random_crop_keeps_shapes(stl_root):
+    dm = stl_module(stl_root, crop_scale=(0.3, 1.0), horizontal_flip=True)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    check_masked_batch(batch, 8, STL_SIZE, STL_GRID**2)
+    assert torch.isfinite(batch["images"]).all()
+
+
+def test_stl10_jepa_loss_finite(stl_root):
+    from ijepa.module import IJEPA
+
+    dm = stl_module(stl_root)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    model = IJEPA(image_size=STL_SIZE, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                  predictor_embed_dim=16, predictor_depth=1, predictor_num_heads=2)
+    loss = model.jepa_loss(batch)
+    assert loss.dim() == 0 and torch.isfinite(loss) and loss > 0
+    loss.backward()
+    assert any(p.grad is not None for p in model.encoder.parameters())
+
+
+def test_stl10_missing_root_mentions_download(tmp_path):
+    dm = stl_module(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="download"):
+        dm.setup("fit")
+
+
+def test_stl10_truncated_file_is_reported(stl_root):
+    path = stl_root / "stl10_binary" / "train_X.bin"
+    path.write_bytes(path.read_bytes()[:-100])  # no longer a whole number of 3x96x96 images
+    assert path.stat().st_size % (3 * 96 * 96) != 0
+    dm = stl_module(stl_root)
+    with pytest.raises(FileNotFoundError, match="(?i)truncated|incomplete"):
+        dm.setup("fit")
+
+
+@pytest.mark.parametrize("labels_file", ["train_y.bin", "test_y.bin"])
+def test_stl10_label_count_mismatch_is_reported(stl_root, labels_file):
+    """A short labels file must fail at setup, not with an IndexError deep inside an epoch."""
+    path = stl_root / "stl10_binary" / labels_file
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(FileNotFoundError, match="(?i)truncated|incomplete"):
+        stl_module(stl_root).setup("fit")
+
+
+@pytest.mark.parametrize("missing", ["test_y.bin", "unlabeled_X.bin"])
+def test_stl10_missing_file_is_reported(stl_root, missing):
+    (stl_root / "stl10_binary" / missing).unlink()
+    with pytest.raises(FileNotFoundError, match="download"):
+        stl_module(stl_root).setup("fit")
+
+
+# --- image folder ---------------------------------------------------------------------------
+FOLDER_CLASSES = ("apple", "banana", "cherry")
+
+
+def write_png(path: Path, rgb: tuple[int, int, int], size: int = 40) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (size, size), rgb).save(path)
+
+
+def write_image_folder(root: Path, per_class: int, marker: int = 0) -> None:
+    """``per_class`` uniform PNGs per class; red = ``marker``, green = class, blue = index."""
+    for c, name in enumerate(FOLDER_CLASSES):
+        for i in range(per_class):
+            write_png(root / name / f"img_{i:02d}.png", (marker, 60 * c, 10 * i))
+
+
+def folder_module(root: Path, **overrides) -> IJEPADataModule:
+    kwargs = dict(dataset="imagefolder", root=str(root), image_size=32, patch_size=4, batch_size=4,
+                  knn_batch_size=5, num_workers=0, crop_scale=None)
+    kwargs.update(overrides)
+    return IJEPADataModule(**kwargs)
+
+
+def test_imagefolder_flat_holdout_is_disjoint_balanced_and_deterministic(tmp_path):
+    write_image_folder(tmp_path, per_class=10)
+    dm = folder_module(tmp_path, holdout_fraction=0.2)
+    dm.setup("fit")
+    assert dm.num_classes == 3
+    splits = {name: dm.split(name) for name in ("pretrain", "val", "knn_train", "knn_test")}
+    assert all(isinstance(s, Subset) for s in splits.values())
+    pretrain, test = set(splits["pretrain"].indices), set(splits["knn_test"].indices)
+    assert not pretrain & test
+    assert pretrain | test == set(range(30))
+    assert set(splits["knn_train"].indices) == pretrain
+    assert set(splits["val"].indices) == test
+    assert len(test) == 6  # 20% of 30
+    targets = splits["knn_test"].dataset.targets
+    assert sorted(targets[i] for i in test) == [0, 0, 1, 1, 2, 2]  # every class, balanced
+
+    again = folder_module(tmp_path, holdout_fraction=0.2)
+    again.setup("fit")
+    assert list(again.split("knn_test").indices) == list(splits["knn_test"].indices)
+    assert list(again.split("pretrain").indices) == list(splits["pretrain"].indices)
+
+    # the loaders really serve those images: k-NN queries never come from the pretrain subset
+    files = splits["knn_test"].dataset.samples
+    pretrain_files = {files[i][0] for i in pretrain}
+    test_files = {files[i][0] for i in test}
+    assert not pretrain_files & test_files
+    labels = torch.cat([b["labels"] for b in dm.knn_test_dataloader()])
+    assert sorted(labels.tolist()) == [0, 0, 1, 1, 2, 2]
+    total = 0
+    for batch in dm.train_dataloader():
+        check_masked_batch(batch, 4, 32, 64)
+        total += batch["images"].size(0)
+    assert total == 24 // 4 * 4
+
+
+def test_imagefolder_images_match_their_labels(tmp_path):
+    write_image_folder(tmp_path, per_class=10)
+    dm = folder_module(tmp_path)
+    dm.setup("fit")
+    for batch in dm.knn_train_dataloader():
+        assert set(batch) == {"images", "labels"}
+        pixels = to_uint8(batch["images"]).int()
+        assert batch["images"].shape[1:] == (3, 32, 32)
+        # green channel encodes the class folder; uniform images stay uniform after resizing
+        assert ((pixels[:, 1, 0, 0] - 60 * batch["labels"]).abs() <= 1).all()
+
+
+@pytest.mark.parametrize("held_out", ["val", "test"])
+def test_imagefolder_train_val_layout_uses_the_folders(tmp_path, held_out):
+    write_image_folder(tmp_path / "train", per_class=4, marker=10)
+    write_image_folder(tmp_path / held_out, per_class=2, marker=200)
+    dm = folder_module(tmp_path)
+    dm.setup("fit")
+    assert dm.num_classes == 3
+    assert len(dm.split("pretrain")) == len(dm.split("knn_train")) == 12
+    assert len(dm.split("val")) == len(dm.split("knn_test")) == 6
+    assert list(dm.split("knn_train").classes) == list(FOLDER_CLASSES)
+
+    def markers(loader) -> set[int]:
+        return {int(m) for b in loader for m in to_uint8(b["images"])[:, 0, 0, 0]}
+
+    assert markers(dm.train_dataloader()) == {10}
+    assert markers(dm.knn_train_dataloader()) == {10}
+    assert markers(dm.knn_test_dataloader()) == {200}
+    assert markers(dm.val_dataloader()) == {200}
+    labels = sorted(int(l) for b in dm.knn_test_dataloader() for l in b["labels"])
+    assert labels == [0, 0, 1, 1, 2, 2]
+
+
+def test_imagefolder_train_alone_holds_out_from_train(tmp_path):
+    write_image_folder(tmp_path / "train", per_class=10)
+    dm = folder_module(tmp_path, holdout_fraction=0.3)
+    dm.setup("fit")
+    assert dm.num_classes == 3  # the class folders, not "train" as a single class
+    assert len(dm.split("knn_test")) == 9 and len(dm.split("pretrain")) == 21
+
+
+def test_imagefolder_val_without_train_is_an_error(tmp_path):
+    write_image_folder(tmp_path / "val", per_class=2)
+    with pytest.raises(ValueError, match="no train/ folder"):
+        folder_module(tmp_path).setup("fit")
+
+
+def test_imagefolder_missing_root_names_data_root(tmp_path):
+    dm = folder_module(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="data.root"):
+        dm.setup("fit")
+
+
+# --- shapes ---------------------------------------------------------------------------------
+def shapes_module(**overrides) -> IJEPADataModule:
+    kwargs = dict(dataset="shapes", image_size=32, patch_size=4, batch_size=4, knn_batch_size=6,
+                  num_workers=0, shapes_train_size=20, shapes_val_size=10)
+    kwargs.update(overrides)
+    return IJEPADataModule(**kwargs)
+
+
+def test_shapes_loaders():
+    dm = shapes_module()
+    dm.num_classes = -1  # setup must set it from the dataset
+    dm.setup("fit")
+    assert dm.num_classes == dm.split("pretrain").num_classes == 10
+    assert len(dm.split("pretrain")) == len(dm.split("knn_train")) == 20
+    assert len(dm.split("val")) == len(dm.split("knn_test")) == 10
+
+    train = list(dm.train_dataloader())
+    assert len(train) == 5
+    for batch in train:
+        check_masked_batch(batch, 4, 32, 64)
+        assert batch["labels"].min() >= 0 and batch["labels"].max() < dm.num_classes
+
+    val = list(dm.val_dataloader())
+    assert sum(b["images"].size(0) for b in val) == 10
+    for batch in val:
+        check_masked_batch(batch, batch["images"].size(0), 32, 64)
+
+    knn = list(dm.knn_train_dataloader())
+    assert sum(b["images"].size(0) for b in knn) == 20
+    for batch in knn:
+        assert set(batch) == {"images", "labels"}
+        assert batch["images"].dtype == torch.float32 and batch["images"].shape[1:] == (3, 32, 32)
+    labels = torch.cat([b["labels"] for b in knn])
+    assert labels.tolist() == dm.split("knn_train").targets  # unshuffled, in order
+    knn_test = list(dm.knn_test_dataloader())
+    assert all(set(b) == {"images", "labels"} for b in knn_test)
+    assert sum(b["images"].size(0) for b in knn_test) == 10
+
+
+def test_shapes_eval_loaders_are_deterministic():
+    dm = shapes_module()
+    dm.setup("fit")
+    first = torch.cat([b["images"] for b in dm.knn_test_dataloader()])
+    second = torch.cat([b["images"] for b in dm.knn_test_dataloader()])
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+
+# --- argument validation --------------------------------------------------------------------
+def test_unknown_dataset_lists_valid_names():
+    with pytest.raises(ValueError, match="dataset") as info:
+        IJEPADataModule(dataset="cifar10")
+    for name in DATASETS:
+        assert name in str(info.value)
+    assert "cifar10" in str(info.value)
+
+
+def test_image_size_not_divisible_by_patch_size():
+    with pytest.raises(ValueError) as info:
+        IJEPADataModule(dataset="shapes", image_size=50, patch_size=8)
+    assert "image_size" in str(info.value) and "patch_size" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(batch_size=0), "batch_size"),
+        (dict(knn_batch_size=0), "knn_batch_size"),
+        (dict(num_workers=-1), "num_workers"),
+        (dict(crop_scale=(0.5, 0.2)), "crop_scale"),
+        (dict(crop_scale=(0.0, 1.0)), "crop_scale"),
+        (dict(crop_scale=(0.5, 1.5)), "crop_scale"),
+        (dict(holdout_fraction=0.0), "holdout_fraction"),
+        (dict(holdout_fraction=1.0), "holdout_fraction"),
+    ],
+)
+def test_bad_arguments_name_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        IJEPADataModule(dataset="shapes", **kwargs)
+
+
+def test_impossible_masks_fail_at_setup():
+    # 4 target blocks of 100% of a 2x2 grid leave no context: fail fast, before any loader runs
+    dm = shapes_module(image_size=16, patch_size=8, target_scale=(1.0, 1.0), min_keep=1)
+    with pytest.raises(ValueError, match="min_keep"):
+        dm.setup("fit")
+    assert math.isfinite(dm.grid_size) and dm.grid_size == 2

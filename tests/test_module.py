@@ -1,0 +1,150 @@
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from conftest import TINY_MODEL
+from ijepa.callbacks import EMATargetUpdate, ema_update_
+from ijepa.masks import MaskCollator, MultiBlockMaskSampler
+from ijepa.module import IJEPA
+
+
+def random_loader(num_images=32, batch_size=4, image_size=32, patch_size=8):
+    images = torch.randn(num_images, 3, image_size, image_size)
+    samples = [(images[i], i % 3) for i in range(num_images)]
+    sampler = MultiBlockMaskSampler(image_size // patch_size, target_scale=(0.1, 0.15), min_keep=2)
+    return DataLoader(samples, batch_size=batch_size, collate_fn=MaskCollator(sampler))
+
+
+def test_ema_update_arithmetic():
+    target = [torch.tensor([1.0, 2.0]), torch.tensor([[0.0]])]
+    online = [torch.tensor([3.0, -2.0]), torch.tensor([[10.0]])]
+    ema_update_(target, online, momentum=0.75)
+    # 0.75 * 1 + 0.25 * 3 = 1.5 ; 0.75 * 2 + 0.25 * -2 = 1.0 ; 0.25 * 10 = 2.5
+    assert torch.allclose(target[0], torch.tensor([1.5, 1.0]))
+    assert torch.allclose(target[1], torch.tensor([[2.5]]))
+
+
+def test_loss_target_branch_has_no_gradient():
+    model = IJEPA(**TINY_MODEL)
+    batch = next(iter(random_loader()))
+    loss = model.jepa_loss(batch)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad is None for p in model.target_encoder.parameters())
+    assert all(not p.requires_grad for p in model.target_encoder.parameters())
+    assert all(p.grad is not None for p in model.encoder.parameters())
+    assert all(p.grad is not None for p in model.predictor.parameters())
+
+
+def test_online_encoder_never_sees_a_target_patch():
+    model = IJEPA(**TINY_MODEL).eval()
+    batch = next(iter(random_loader(batch_size=2)))
+    seen = []
+    handle = model.encoder.register_forward_pre_hook(lambda mod, args: seen.append(args[1]))
+    model.jepa_loss(batch)
+    handle.remove()
+    (context_seen,) = seen
+    assert torch.equal(context_seen, batch["context_indices"])
+    for b in range(2):
+        assert not set(context_seen[b].tolist()) & set(batch["target_indices"][b].flatten().tolist())
+
+
+def test_smooth_l1_and_mse_losses_match_hand_computation():
+    for loss in ("smooth_l1", "mse"):
+        model = IJEPA(**TINY_MODEL, loss=loss).eval()
+        batch = next(iter(random_loader(batch_size=2)))
+        with torch.no_grad():
+            h = model.target_encoder(batch["images"])
+            h = torch.nn.functional.layer_norm(h, h.shape[-1:])
+            t = batch["target_indices"]
+            targets = torch.stack([h[b][t[b]] for b in range(2)])  # [B, M, Kt, D]
+            pred = model.predictor(model.encoder(batch["images"], batch["context_indices"]), batch["context_indices"], t)
+            diff = pred - targets
+            expected = diff.pow(2).mean() if loss == "mse" else torch.where(
+                diff.abs() < 1, 0.5 * diff.pow(2), diff.abs() - 0.5
+            ).mean()
+            assert torch.allclose(model.jepa_loss(batch), expected, atol=1e-6)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        IJEPA(**TINY_MODEL, loss="l3")
+
+
+class _Snapshot(L.Callback):
+    def __init__(self, store, key):
+        self.store, self.key = store, key
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.store.append(
+            (
+                self.key,
+                trainer.global_step,
+                [p.detach().clone() for p in pl_module.target_encoder.parameters()],
+                [p.detach().clone() for p in pl_module.encoder.parameters()],
+            )
+        )
+
+
+def test_target_moves_only_by_ema_once_per_optimizer_step(tmp_path):
+    """With gradient accumulation 2, the EMA runs after every second batch with the scheduled
+    momentum, and target = m * target + (1 - m) * online, exactly."""
+    model = IJEPA(**TINY_MODEL, warmup_steps=1)
+    initial_target = [p.detach().clone() for p in model.target_encoder.parameters()]
+    records = []
+    ema = EMATargetUpdate(momentum=0.9, final_momentum=0.98)
+    trainer = L.Trainer(
+        max_steps=3,
+        accumulate_grad_batches=2,
+        callbacks=[_Snapshot(records, "before"), ema, _Snapshot(records, "after")],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, train_dataloaders=random_loader(num_images=24))
+    assert trainer.global_step == 3
+    befores = [r for r in records if r[0] == "before"]
+    afters = [r for r in records if r[0] == "after"]
+    assert len(befores) == len(afters) == 6
+    # the target starts equal to the online encoder's init
+    assert all(torch.equal(a, b) for a, b in zip(initial_target, befores[0][2]))
+    for batch_idx, ((_, step, target_before, online), (_, _, target_after, _)) in enumerate(zip(befores, afters)):
+        stepped = batch_idx % 2 == 1  # the optimizer steps after every second batch
+        assert step == (batch_idx + 1) // 2
+        if stepped:
+            m = ema.momentum_at(step - 1, 3)
+            for tb, o, ta in zip(target_before, online, target_after):
+                assert torch.allclose(ta, m * tb + (1 - m) * o, atol=1e-7)
+            assert any(not torch.equal(tb, ta) for tb, ta in zip(target_before, target_after))
+        else:
+            assert all(torch.equal(tb, ta) for tb, ta in zip(target_before, target_after))
+    assert ema.momentum_at(0, 3) == pytest.approx(0.9)
+
+
+def test_optimizer_groups_and_schedules_follow_global_step(tmp_path):
+    model = IJEPA(**TINY_MODEL, lr=1e-3, start_lr=0.0, final_lr=0.0, warmup_steps=2, weight_decay=0.04, final_weight_decay=0.4)
+    seen = []
+
+    class Recorder(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            pass
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            groups = optimizer.param_groups
+            seen.append((trainer.global_step, groups[0]["lr"], groups[0]["weight_decay"], groups[1]["weight_decay"]))
+
+    trainer = L.Trainer(max_steps=4, callbacks=[Recorder()], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(model, train_dataloaders=random_loader(num_images=16))
+    steps = [s for s, *_ in seen]
+    assert steps == [0, 1, 2, 3]
+    for step, lr, wd, wd_none in seen:
+        assert lr == pytest.approx(model.lr_at(step))
+        assert wd == pytest.approx(model.weight_decay_at(step))
+        assert wd_none == 0.0
+    assert seen[0][1] == pytest.approx(0.0) and seen[2][1] == pytest.approx(1e-3)
+    assert seen[0][2] == pytest.approx(0.04)
+    # norms, biases, position tables and the mask token get no weight decay
+    no_decay = trainer.optimizers[0].param_groups[1]["params"]
+    assert any(p is model.predictor.mask_token for p in no_decay)
+    assert all(p.ndim >= 2 for p in trainer.optimizers[0].param_groups[0]["params"])

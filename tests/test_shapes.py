@@ -1,0 +1,149 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torchvision import tv_tensors
+
+from ijepa.data.shapes import BACKGROUNDS, CLASSES, ShapesDataset
+
+
+def _border_colour(images: torch.Tensor) -> torch.Tensor:
+    """Median colour of the 1-px border; images float [N, 3, H, W] -> [N, 3]."""
+    border = torch.cat(
+        [images[..., 0, :], images[..., -1, :], images[..., :, 0], images[..., :, -1]], dim=-1
+    )
+    return border.median(dim=-1).values
+
+
+def _foreground(images: torch.Tensor, threshold: float = 0.25) -> torch.Tensor:
+    """Pixels far (RGB distance) from the background; uint8 [N, 3, H, W] -> bool [N, H, W]."""
+    x = images.float() / 255
+    return (x - _border_colour(x)[..., None, None]).norm(dim=1) > threshold
+
+
+def test_items_shape_dtype_len():
+    ds = ShapesDataset(25, image_size=32)
+    assert len(ds) == 25
+    assert ds.num_classes == len(CLASSES) == 10
+    image, label = ds[3]
+    assert isinstance(image, tv_tensors.Image)
+    assert image.dtype == torch.uint8 and image.shape == (3, 32, 32)
+    assert isinstance(label, int) and label == ds.targets[3]
+    assert torch.equal(ds[-1][0], ds[24][0])
+    with pytest.raises(IndexError):
+        ds[25]
+    with pytest.raises(IndexError):
+        ds[-26]
+
+
+def test_labels_in_range_and_balanced():
+    ds = ShapesDataset(200, image_size=16, cache=False)
+    targets = torch.tensor(ds.targets)
+    assert targets.min() >= 0 and targets.max() < ds.num_classes
+    assert torch.bincount(targets, minlength=ds.num_classes).tolist() == [20] * ds.num_classes
+    assert [ds[i][1] for i in range(0, 200, 17)] == ds.targets[::17]
+
+
+@pytest.mark.parametrize("background", BACKGROUNDS)
+def test_deterministic_and_cache_equivalent(background):
+    kwargs = dict(num_samples=24, image_size=32, seed=3, background=background)
+    a, b = ShapesDataset(**kwargs), ShapesDataset(**kwargs)
+    assert torch.equal(a.images, b.images)
+    lazy = ShapesDataset(**kwargs, cache=False)
+    # access out of order so a lazy render cannot depend on previous calls
+    order = list(range(23, -1, -3)) + list(range(24))
+    for i in order:
+        image, label = lazy[i]
+        assert torch.equal(image, a.images[i]) and label == a.targets[i]
+
+
+@pytest.mark.parametrize("other", [dict(seed=1), dict(split="val"), dict(background="busy")])
+def test_seeds_splits_backgrounds_differ(other):
+    base = ShapesDataset(30, image_size=32)
+    alt = ShapesDataset(30, image_size=32, **other)
+    differs = (base.images != alt.images).flatten(1).any(dim=1)
+    assert differs.all()
+
+
+def test_every_class_drawn_with_contrast():
+    ds = ShapesDataset(40, image_size=32)
+    assert set(ds.targets) == set(range(len(CLASSES)))
+    fg = _foreground(ds.images)
+    frac = fg.float().mean(dim=(1, 2))
+    # the smallest shape (a thin bar at minimum scale) still covers > 3% of the image
+    assert (frac > 0.02).all(), {CLASSES[t]: round(f, 3) for t, f in zip(ds.targets, frac.tolist())}
+    assert (frac < 0.7).all()
+    # hollow shapes have background at their centroid, filled ones do not
+    ys, xs = torch.meshgrid(torch.arange(32.0), torch.arange(32.0), indexing="ij")
+    for mask, label in zip(fg, ds.targets):
+        cy = int((ys * mask).sum() / mask.sum())
+        cx = int((xs * mask).sum() / mask.sum())
+        name = CLASSES[label]
+        if name in ("ring", "frame"):
+            assert not mask[cy, cx], name
+        elif name in ("circle", "square", "cross", "star"):
+            assert mask[cy, cx], name
+
+
+def test_background_noise_levels():
+    images = {bg: ShapesDataset(20, image_size=32, background=bg).images.float() for bg in BACKGROUNDS}
+    # std over a background corner patch, in intensity levels
+    patch_std = {bg: x[..., :5, :5].flatten(2).std(dim=-1).median().item() for bg, x in images.items()}
+    assert patch_std["plain"] < 8 < 12 < patch_std["noisy"]
+    # busy textures vary at low frequency, so they survive pooling that averages the noise away
+    pooled = {bg: F.avg_pool2d(x[..., :4, :], 4) for bg, x in images.items()}
+    spread = {bg: (p - p.median(dim=-1, keepdim=True).values).abs().mean() for bg, p in pooled.items()}
+    assert spread["busy"] > 2.5 * spread["noisy"]
+    # same index: same shape and colours, only the noise changes
+    labels = ShapesDataset(20, image_size=32, background="noisy").targets
+    assert labels == ShapesDataset(20, image_size=32).targets
+    assert (images["noisy"] - images["plain"]).abs().mean() < 25
+
+
+def test_classes_learnable_from_raw_pixels():
+    """1-NN on grey 2x-downsampled pixels must beat chance (10%) clearly."""
+    train = ShapesDataset(1000, image_size=32, split="train")
+    val = ShapesDataset(300, image_size=32, split="val")
+
+    def features(images):
+        x = F.avg_pool2d(images.float().mean(dim=1, keepdim=True), 2).flatten(1)
+        return F.normalize(x - x.mean(dim=1, keepdim=True), dim=1)
+
+    nearest = (features(val.images) @ features(train.images).T).argmax(dim=1)
+    pred = torch.tensor(train.targets)[nearest]
+    acc = (pred == torch.tensor(val.targets)).float().mean().item()
+    print(f"raw-pixel 1-NN accuracy: {acc:.3f}")
+    assert acc > 3 / len(CLASSES)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(num_samples=0), "num_samples"),
+        (dict(num_samples=2.5), "num_samples"),
+        (dict(num_samples=4, image_size=7), "image_size"),
+        (dict(num_samples=4, split="test"), "split"),
+        (dict(num_samples=4, background="fancy"), "background"),
+        (dict(num_samples=4, seed="0"), "seed"),
+    ],
+)
+def test_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=name) as err:
+        ShapesDataset(**kwargs)
+    assert repr(kwargs[name]) in str(err.value)
+
+
+@pytest.mark.parametrize("size", [32, 48, 96])
+def test_image_sizes(size):
+    ds = ShapesDataset(10, image_size=size, background="busy")
+    lazy = ShapesDataset(10, image_size=size, background="busy", cache=False)
+    assert ds.images.shape == (10, 3, size, size)
+    assert torch.equal(lazy[7][0], ds.images[7])
+    frac = _foreground(ShapesDataset(10, image_size=size).images).float().mean(dim=(1, 2))
+    assert (frac > 0.02).all()
+
+
+def test_transform_applied():
+    ds = ShapesDataset(5, image_size=16, transform=lambda x: x.float() / 255)
+    image, _ = ds[2]
+    assert image.dtype == torch.float32
+    assert torch.allclose(image, ds.images[2].float() / 255)
