@@ -74,3 +74,45 @@ def test_validate_from_checkpoint_reports_knn(fitted_run):
     ckpt = cwd / "lightning_logs/version_0/checkpoints/last.ckpt"
     output = run_cli("validate", "--config", str(CONFIG), "--ckpt_path", str(ckpt), cwd=cwd)
     assert "val/knn_top1" in output and "val/loss" in output
+
+
+def test_fit_and_validate_on_stl10_binary_layout(tmp_path):
+    """The stl10 path end to end through the CLI, on a tiny folder in STL-10's binary layout."""
+    from test_datamodule import write_stl10
+
+    write_stl10(tmp_path / "data")
+    stl_args = [
+        "--data.dataset=stl10", f"--data.root={tmp_path / 'data'}", "--data.download=false",
+        "--data.image_size=96", "--data.batch_size=10", "--data.min_keep=4",
+        "--data.target_scale=[0.15, 0.2]", "--trainer.max_steps=4",
+    ]
+    output = run_cli("fit", "--config", str(CONFIG), *stl_args, cwd=tmp_path)
+    assert "random init" in output
+    version = tmp_path / "lightning_logs" / "version_0"
+    assert len(scalars(version, "train/loss")) == 4
+    assert scalars(version, "val/knn_top1")
+    ckpt = version / "checkpoints" / "last.ckpt"
+    output = run_cli("validate", "--config", str(CONFIG), *stl_args, "--ckpt_path", str(ckpt), cwd=tmp_path)
+    assert "val/knn_top1" in output
+
+
+def test_test_and_predict_from_checkpoint(fitted_run):
+    cwd, _ = fitted_run
+    ckpt = cwd / "lightning_logs/version_0/checkpoints/last.ckpt"
+    output = run_cli("test", "--config", str(CONFIG), "--ckpt_path", str(ckpt), cwd=cwd)
+    assert "test/knn_top1" in output and "test/loss" in output
+
+    import lightning as L
+
+    from ijepa.data import IJEPADataModule
+    from ijepa.module import IJEPA
+
+    model = IJEPA.load_from_checkpoint(ckpt, weights_only=True)
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, knn_batch_size=64,
+                           num_workers=0, crop_scale=None, shapes_train_size=64, shapes_val_size=100)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, default_root_dir=cwd)
+    predictions = trainer.predict(model, datamodule=data)
+    features = torch.cat([p["features"] for p in predictions])
+    labels = torch.cat([p["labels"] for p in predictions])
+    assert features.shape == (100, 32) and labels.shape == (100,)
+    assert torch.isfinite(features).all()

@@ -132,6 +132,56 @@ def test_bad_arguments(kwargs, name):
     assert repr(kwargs[name]) in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_objects=(0, 2)), r"num_objects must be \(min, max\) with 1 <= min <= max <= 8"),
+        (dict(num_objects=(3, 2)), "num_objects"),
+        (dict(num_objects=(1, 9)), "num_objects"),
+        (dict(radius=(0.3, 0.2)), r"radius must be \(min, max\) with 0 < min <= max <= 0.5"),
+        (dict(radius=(0.1, 0.6)), "radius"),
+    ],
+)
+def test_bad_object_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ShapesDataset(4, **kwargs)
+
+
+def test_several_instances_per_image():
+    """num_objects=(3, 3) draws three instances of the image's class: more foreground, more blobs,
+    and the single-instance default is unchanged by the option's existence."""
+    one = ShapesDataset(20, image_size=48, radius=(0.12, 0.14))
+    three = ShapesDataset(20, image_size=48, radius=(0.12, 0.14), num_objects=(3, 3))
+    assert three.targets == one.targets
+    fg_one, fg_three = _foreground(one.images), _foreground(three.images)
+    assert fg_three.float().mean() > 2.0 * fg_one.float().mean()
+    # circles (class 0) never split into pieces: count them exactly where they do not touch
+    blobs_one = [_components(m) for m, t in zip(fg_one, one.targets) if t == 0]
+    blobs_three = [_components(m) for m, t in zip(fg_three, three.targets) if t == 0]
+    assert blobs_one == [1, 1]
+    assert max(blobs_three) == 3 and min(blobs_three) >= 1
+
+
+def _components(mask: torch.Tensor) -> int:
+    """Number of 4-connected foreground components of a boolean [H, W] mask (flood fill)."""
+    seen = torch.zeros_like(mask)
+    count = 0
+    h, w = mask.shape
+    for y in range(h):
+        for x in range(w):
+            if mask[y, x] and not seen[y, x]:
+                count += 1
+                stack = [(y, x)]
+                seen[y, x] = True
+                while stack:
+                    cy, cx = stack.pop()
+                    for ny, nx in ((cy + 1, cx), (cy - 1, cx), (cy, cx + 1), (cy, cx - 1)):
+                        if 0 <= ny < h and 0 <= nx < w and mask[ny, nx] and not seen[ny, nx]:
+                            seen[ny, nx] = True
+                            stack.append((ny, nx))
+    return count
+
+
 @pytest.mark.parametrize("size", [32, 48, 96])
 def test_image_sizes(size):
     ds = ShapesDataset(10, image_size=size, background="busy")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import lightning as L
@@ -79,6 +80,8 @@ class IJEPADataModule(L.LightningDataModule):
         shapes_train_size: int = 10_000,
         shapes_val_size: int = 2_000,
         shapes_background: str = "plain",
+        shapes_num_objects: tuple[int, int] = (1, 1),
+        shapes_radius: tuple[float, float] = (0.2, 0.42),
         seed: int = 0,
     ):
         super().__init__()
@@ -194,13 +197,18 @@ class IJEPADataModule(L.LightningDataModule):
         hp = self.hparams
         # Shapes are rendered at the model's image size; the transforms only normalise (and crop).
         def make(split: str, size: int, transform: v2.Transform) -> ShapesDataset:
-            return ShapesDataset(size, hp.image_size, split=split, seed=hp.seed, background=hp.shapes_background, transform=transform)
+            return ShapesDataset(
+                size, hp.image_size, split=split, seed=hp.seed, background=hp.shapes_background,
+                transform=transform, num_objects=tuple(hp.shapes_num_objects), radius=tuple(hp.shapes_radius),
+            )
 
         train_set = make("train", hp.shapes_train_size, self.train_transform())
         val_set = make("val", hp.shapes_val_size, self.eval_transform())
+        # The k-NN bank is the train split under the evaluation transform: same rendered images.
+        knn_train_set = copy.copy(train_set)
+        knn_train_set.transform = self.eval_transform()
         self.num_classes = train_set.num_classes
-        return {"pretrain": train_set, "val": val_set,
-                "knn_train": make("train", hp.shapes_train_size, self.eval_transform()), "knn_test": val_set}
+        return {"pretrain": train_set, "val": val_set, "knn_train": knn_train_set, "knn_test": val_set}
 
     def split(self, name: str) -> Dataset:
         """One of the datasets ``pretrain``, ``val``, ``knn_train``, ``knn_test``."""

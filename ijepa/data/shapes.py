@@ -1,7 +1,8 @@
 """Procedurally generated, labelled shapes dataset for offline experiments.
 
-Every image is one coloured geometric shape (random class, position, scale,
-rotation and hue) on a plain, noisy or textured background. Images are a pure
+Every image shows one shape class: by default one coloured geometric shape (random
+position, scale, rotation and hue), optionally several instances of the same class
+(``num_objects``), on a plain, noisy or textured background. Images are a pure
 function of ``(seed, split, index, image_size, background)``, so the dataset
 needs no download and train/val splits are reproducible everywhere.
 
@@ -42,11 +43,13 @@ BACKGROUNDS: tuple[str, ...] = ("plain", "noisy", "busy")
 SPLITS: tuple[str, ...] = ("train", "val")
 
 _NOISE_STD = {"plain": 0.02, "noisy": 0.08, "busy": 0.02}
-_RADIUS_RANGE = (0.2, 0.42)  # shape radius as a fraction of image size
+_RADIUS_RANGE = (0.2, 0.42)  # default shape radius as a fraction of image size
+_MAX_OBJECTS = 8  # instances drawn per image (fixed draw count); the first n are used
 _MIN_CONTRAST = 0.4  # min RGB distance between shape and plain background
 _CHUNK_POINTS = 1 << 23  # sub-sample points per render chunk, bounds memory
 _N_GRATINGS, _N_BLOBS = 3, 2
-_N_SHAPE_U = 7 + 4 * 3  # geometry + fg colour + 4 candidate bg colours
+_N_OBJECT_U = 7  # per instance: radius, cx, cy, angle + fg colour (h, s, v)
+_N_SHAPE_U = 1 + _N_OBJECT_U * _MAX_OBJECTS + 4 * 3  # count + instances + 4 candidate bg colours
 _N_TEXTURE_U = 6 * _N_GRATINGS + 6 * _N_BLOBS
 _MASK64 = (1 << 64) - 1
 
@@ -173,31 +176,55 @@ def _rgb_dist(a: Sequence[float], b: Sequence[float]) -> float:
     return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
 
 
-def _sample_params(seed: int, split: str, index: int, image_size: int, num_classes: int) -> dict:
+def _sample_params(
+    seed: int,
+    split: str,
+    index: int,
+    image_size: int,
+    num_classes: int,
+    num_objects: tuple[int, int] = (1, 1),
+    radius_range: tuple[float, float] = _RADIUS_RANGE,
+) -> dict:
     """Draw all random quantities of one image from its own generator.
 
-    Draw order and count are fixed (texture is drawn even for plain backgrounds)
-    so the same index shares shape, colours and noise pattern across backgrounds.
+    Draw order and count are fixed (texture and ``_MAX_OBJECTS`` instances are drawn
+    even when unused) so the same index shares shape, colours and noise pattern
+    across backgrounds.
     """
     g = torch.Generator().manual_seed(_index_seed(seed, split, index))
     u = torch.rand(_N_SHAPE_U + _N_TEXTURE_U, generator=g, dtype=torch.float64).tolist()
     noise = torch.randn(3, image_size, image_size, generator=g)
 
-    lo, hi = _RADIUS_RANGE
-    radius = image_size * (lo + (hi - lo) * u[0])
-    cx = radius + (image_size - 2 * radius) * u[1]
-    cy = radius + (image_size - 2 * radius) * u[2]
-    theta = 2 * math.pi * u[3]
-    fg = colorsys.hsv_to_rgb(u[4], 0.65 + 0.35 * u[5], 0.75 + 0.25 * u[6])
+    count = num_objects[0] + min(int(u[0] * (num_objects[1] - num_objects[0] + 1)), num_objects[1] - num_objects[0])
+    lo, hi = radius_range
+    objects = []
+    for k in range(count):
+        w = u[1 + _N_OBJECT_U * k : 1 + _N_OBJECT_U * (k + 1)]
+        radius = image_size * (lo + (hi - lo) * w[0])
+        theta = 2 * math.pi * w[3]
+        objects.append(
+            dict(
+                cx=radius + (image_size - 2 * radius) * w[1],
+                cy=radius + (image_size - 2 * radius) * w[2],
+                # rotation and scale folded into two scalars: u = (dx*c + dy*s), v = (dy*c - dx*s)
+                c=math.cos(theta) / radius,
+                s=math.sin(theta) / radius,
+                fg=colorsys.hsv_to_rgb(w[4], 0.65 + 0.35 * w[5], 0.75 + 0.25 * w[6]),
+            )
+        )
 
     # rejection over a fixed number of candidates keeps the draw count constant
+    b = u[1 + _N_OBJECT_U * _MAX_OBJECTS :]
     candidates = [
-        colorsys.hsv_to_rgb(u[7 + 3 * k], 0.35 * u[8 + 3 * k], 0.05 + 0.9 * u[9 + 3 * k])
-        for k in range(4)
+        colorsys.hsv_to_rgb(b[3 * k], 0.35 * b[1 + 3 * k], 0.05 + 0.9 * b[2 + 3 * k]) for k in range(4)
     ]
-    bg = next((c for c in candidates if _rgb_dist(c, fg) >= _MIN_CONTRAST), None)
+
+    def contrast(c):
+        return min(_rgb_dist(c, o["fg"]) for o in objects)
+
+    bg = next((c for c in candidates if contrast(c) >= _MIN_CONTRAST), None)
     if bg is None:
-        bg = max(((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)), key=lambda c: _rgb_dist(c, fg))
+        bg = max(((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)), key=contrast)
 
     t = u[_N_SHAPE_U:]
     gratings = []
@@ -216,12 +243,7 @@ def _sample_params(seed: int, split: str, index: int, image_size: int, num_class
 
     return dict(
         label=index % num_classes,
-        cx=cx,
-        cy=cy,
-        # rotation and scale folded into two scalars: u = (dx*c + dy*s), v = (dy*c - dx*s)
-        c=math.cos(theta) / radius,
-        s=math.sin(theta) / radius,
-        fg=fg,
+        objects=objects,
         bg=bg,
         gratings=gratings,
         blobs=blobs,
@@ -243,20 +265,20 @@ def _supersample(image_size: int) -> int:
     return 4 if image_size <= 64 else 2
 
 
-def _coverage(params: list[dict], image_size: int) -> Tensor:
-    """Anti-aliased shape coverage in [0, 1]; -> float32 [B, H, W]."""
+def _coverage(instances: list[tuple[int, dict]], image_size: int) -> Tensor:
+    """Anti-aliased coverage in [0, 1] of ``(label, object)`` instances; -> float32 [I, H, W]."""
     ss = _supersample(image_size)
     n = image_size * ss
     grid = (torch.arange(n, dtype=torch.float32) + 0.5) / ss  # sub-sample centres in pixel units
     xs, ys = grid.view(1, 1, n), grid.view(1, n, 1)
-    alpha = torch.empty(len(params), image_size, image_size)
-    labels = torch.tensor([p["label"] for p in params])
+    alpha = torch.empty(len(instances), image_size, image_size)
+    labels = torch.tensor([label for label, _ in instances])
     for label in labels.unique().tolist():
         idx = (labels == label).nonzero().flatten()
-        sub = [params[i] for i in idx.tolist()]
-        dx = xs - _col([p["cx"] for p in sub])
-        dy = ys - _col([p["cy"] for p in sub])
-        c, s = _col([p["c"] for p in sub]), _col([p["s"] for p in sub])
+        sub = [instances[i][1] for i in idx.tolist()]
+        dx = xs - _col([o["cx"] for o in sub])
+        dy = ys - _col([o["cy"] for o in sub])
+        c, s = _col([o["c"] for o in sub]), _col([o["s"] for o in sub])
         u = dx * c + dy * s
         v = dy * c - dx * s
         inside = _SHAPE_FNS[CLASSES[label]](u, v)
@@ -294,13 +316,18 @@ def _texture(params: list[dict], image_size: int) -> Tensor:
 
 def _render(params: list[dict], image_size: int, background: str) -> Tensor:
     """Render a batch of images from their parameters; -> uint8 [B, 3, H, W]."""
-    alpha = _coverage(params, image_size).unsqueeze(1)
-    fg = _col([c for p in params for c in p["fg"]]).view(-1, 3, 1, 1)
     if background == "busy":
-        bg = _texture(params, image_size)
+        img = _texture(params, image_size)
     else:
-        bg = _col([c for p in params for c in p["bg"]]).view(-1, 3, 1, 1)
-    img = bg + alpha * (fg - bg)
+        img = _col([c for p in params for c in p["bg"]]).view(-1, 3, 1, 1).expand(-1, -1, image_size, image_size)
+    # Paint instances layer by layer (all first objects, then all second ones, ...).
+    for layer in range(max(len(p["objects"]) for p in params)):
+        owners = [i for i, p in enumerate(params) if len(p["objects"]) > layer]
+        instances = [(params[i]["label"], params[i]["objects"][layer]) for i in owners]
+        alpha = _coverage(instances, image_size).unsqueeze(1)
+        fg = _col([c for _, o in instances for c in o["fg"]]).view(-1, 3, 1, 1)
+        img = img.clone()
+        img[owners] = img[owners] + alpha * (fg - img[owners])
     img = img + _NOISE_STD[background] * torch.stack([p["noise"] for p in params])
     return img.clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8)
 
@@ -338,6 +365,9 @@ class ShapesDataset(Dataset):
         cache: render everything once at construction ([N, 3, H, W] uint8,
             N*3*H*W bytes) instead of per access; both give identical images.
         transform: optional callable applied to the image.
+        num_objects: (min, max) instances of the image's class per image, each with its
+            own position, scale, rotation and hue; 1 <= min <= max <= 8.
+        radius: (min, max) instance radius as a fraction of image_size, in (0, 0.5].
     """
 
     classes: tuple[str, ...] = CLASSES
@@ -351,6 +381,8 @@ class ShapesDataset(Dataset):
         background: str = "plain",
         cache: bool = True,
         transform: Callable | None = None,
+        num_objects: tuple[int, int] = (1, 1),
+        radius: tuple[float, float] = _RADIUS_RANGE,
     ) -> None:
         _check_int("num_samples", num_samples, 1)
         _check_int("image_size", image_size, 8)
@@ -358,6 +390,14 @@ class ShapesDataset(Dataset):
         _check_choice("background", background, BACKGROUNDS)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
+        if len(num_objects) != 2 or not 1 <= num_objects[0] <= num_objects[1] <= _MAX_OBJECTS:
+            raise ValueError(
+                f"num_objects must be (min, max) with 1 <= min <= max <= {_MAX_OBJECTS}, got {tuple(num_objects)}"
+            )
+        if len(radius) != 2 or not 0.0 < radius[0] <= radius[1] <= 0.5:
+            raise ValueError(f"radius must be (min, max) with 0 < min <= max <= 0.5, got {tuple(radius)}")
+        self.num_objects = (int(num_objects[0]), int(num_objects[1]))
+        self.radius = (float(radius[0]), float(radius[1]))
         self.num_samples = num_samples
         self.image_size = image_size
         self.split = split
@@ -375,7 +415,10 @@ class ShapesDataset(Dataset):
     def render(self, indices: Sequence[int]) -> Tensor:
         """Render the given (non-negative, in range) indices; -> uint8 [len(indices), 3, H, W]."""
         params = [
-            _sample_params(self.seed, self.split, i, self.image_size, self.num_classes) for i in indices
+            _sample_params(
+                self.seed, self.split, i, self.image_size, self.num_classes, self.num_objects, self.radius
+            )
+            for i in indices
         ]
         return _render(params, self.image_size, self.background)
 
@@ -405,7 +448,8 @@ class ShapesDataset(Dataset):
     def extra_repr(self) -> str:
         return (
             f"num_samples={self.num_samples}, image_size={self.image_size}, split={self.split!r}, "
-            f"seed={self.seed}, background={self.background!r}, cached={self.images is not None}"
+            f"seed={self.seed}, background={self.background!r}, num_objects={self.num_objects}, "
+            f"radius={self.radius}, cached={self.images is not None}"
         )
 
     def __repr__(self) -> str:

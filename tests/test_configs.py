@@ -1,0 +1,32 @@
+"""Every shipped config parses and builds its model and data module (no training, no data)."""
+
+from pathlib import Path
+
+import pytest
+
+from ijepa.cli import IJEPACLI
+from ijepa.data.datamodule import IJEPADataModule
+from ijepa.module import IJEPA
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_config_builds(config, tmp_path):
+    cli = IJEPACLI(
+        IJEPA,
+        IJEPADataModule,
+        run=False,
+        args=["--config", str(config), "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"],
+    )
+    model, data = cli.model, cli.datamodule
+    # the patch grid is defined once: the data's image size and the model's patch size agree
+    assert model.hparams.image_size == data.hparams.image_size
+    assert data.hparams.patch_size == model.hparams.patch_size
+    assert data.grid_size == model.encoder.grid_size
+    callbacks = {type(cb).__name__ for cb in cli.trainer.callbacks}
+    assert {"EMATargetUpdate", "KNNProbe", "ModelCheckpoint"} <= callbacks
+
+
+def test_there_are_the_documented_configs():
+    assert {"quickstart", "stl10_vit_tiny", "stl10_vit_small"} <= {c.stem for c in CONFIGS}
