@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 
+from ijepa.callbacks.ema import EMATargetUpdate
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.vit import VisionTransformer
@@ -174,8 +175,6 @@ class IJEPA(L.LightningModule):
                 group["weight_decay"] = weight_decay
 
     def on_train_start(self) -> None:
-        from ijepa.callbacks.ema import EMATargetUpdate
-
         if not any(isinstance(cb, EMATargetUpdate) for cb in self.trainer.callbacks):
             rank_zero_warn(
                 "No EMATargetUpdate callback: the target encoder will stay at its initial weights. "
