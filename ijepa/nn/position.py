@@ -180,17 +180,186 @@ def gather_tokens_with_positions(
     return gather_patches(patch_tokens, indices) + position_embedding(indices)
 
 
+class LearnedFactorized2DPositionEmbedding(AdditivePositionEmbedding):
+    """Learned row table ``[H, D]`` plus column table ``[W, D]``, summed: ``(H + W) * D`` parameters."""
+
+    def __init__(self, grid_height: int, grid_width: int, embed_dim: int):
+        super().__init__(grid_height, grid_width, embed_dim)
+        self.row = nn.Parameter(torch.empty(grid_height, embed_dim))
+        self.col = nn.Parameter(torch.empty(grid_width, embed_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.trunc_normal_(self.row, std=0.02)
+        nn.init.trunc_normal_(self.col, std=0.02)
+
+    def table(self) -> torch.Tensor:
+        return (self.row[:, None, :] + self.col[None, :, :]).flatten(0, 1)
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        check_indices(indices, self.num_positions, "indices")
+        rows, cols = self.row_col(indices.long())
+        return self.row[rows] + self.col[cols]
+
+
+def _head_dim(embed_dim: int, num_heads: int, multiple: int, name: str) -> int:
+    if num_heads <= 0 or embed_dim % num_heads != 0:
+        raise ValueError(f"num_heads={num_heads} must be a positive divisor of the width {embed_dim}.")
+    head_dim = embed_dim // num_heads
+    if head_dim % multiple != 0:
+        raise ValueError(
+            f"{name} needs a head dimension divisible by {multiple} (channel pairs split across the axes); "
+            f"got embed_dim={embed_dim} / num_heads={num_heads} = {head_dim}."
+        )
+    return head_dim
+
+
+class RotaryAxial2DPositionEmbedding(PositionEncoding):
+    """Axial 2D RoPE (Heo et al. 2024): the first half of each head's channel pairs is rotated by
+    the row, the second half by the column, with frequencies ``base ** (-k / (head_dim / 4))``.
+
+    ``<R(p1) q, R(p2) k>`` depends only on ``p1 - p2``, and row and column effects separate.
+    Angles are float32 (``[B, 1, K, head_dim / 2]``); no additive table.
+    """
+
+    needs_num_heads = True
+
+    def __init__(self, grid_height: int, grid_width: int, embed_dim: int, num_heads: int = 1, base: float = 100.0):
+        super().__init__(grid_height, grid_width, embed_dim)
+        head_dim = _head_dim(embed_dim, num_heads, 4, "rope_axial")
+        quarter = head_dim // 4
+        freqs = base ** -(torch.arange(quarter, dtype=torch.float32) / quarter)
+        self.register_buffer("freqs", freqs, persistent=False)
+
+    def angles(self, indices: torch.Tensor) -> torch.Tensor:
+        """Rotation angles ``[B, 1, K, head_dim / 2]`` of the tokens at ``indices [B, K]``."""
+        check_indices(indices, self.num_positions, "indices")
+        rows, cols = self.row_col(indices.long())
+        row_angles = rows.float()[..., None] * self.freqs
+        col_angles = cols.float()[..., None] * self.freqs
+        return torch.cat([row_angles, col_angles], dim=-1).unsqueeze(1)
+
+    def attention_positions(self, indices: torch.Tensor) -> AttentionPositions:
+        angles = self.angles(indices)
+        return AttentionPositions(rope=(angles.cos(), angles.sin()))
+
+
+class RotaryMixed2DPositionEmbedding(PositionEncoding):
+    """RoPE-Mixed (Heo et al. 2024): learned per-head frequencies that span both axes,
+    angle ``= r * f_row[h, j] + c * f_col[h, j]`` for channel pair ``j`` of head ``h``.
+
+    Still relative (angles are linear in position) but able to represent diagonal offsets.
+    Angles are float32 (``[B, H, K, head_dim / 2]``).
+    """
+
+    needs_num_heads = True
+
+    def __init__(self, grid_height: int, grid_width: int, embed_dim: int, num_heads: int = 1, base: float = 10.0):
+        super().__init__(grid_height, grid_width, embed_dim)
+        head_dim = _head_dim(embed_dim, num_heads, 2, "rope_mixed")
+        self.num_heads = num_heads
+        self.base = base
+        self.freqs = nn.Parameter(torch.empty(2, num_heads, head_dim // 2))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Heo et al.'s init: axial magnitudes, each head's direction rotated by a random angle.
+        pairs = self.freqs.size(-1)
+        magnitude = self.base ** -(torch.arange(pairs, dtype=torch.float32) / pairs)
+        direction = torch.rand(self.num_heads, 1) * 2 * torch.pi + torch.arange(pairs) % 2 * (torch.pi / 2)
+        with torch.no_grad():
+            self.freqs[0] = magnitude * direction.cos()
+            self.freqs[1] = magnitude * direction.sin()
+
+    def angles(self, indices: torch.Tensor) -> torch.Tensor:
+        """Rotation angles ``[B, H, K, head_dim / 2]`` of the tokens at ``indices [B, K]``."""
+        check_indices(indices, self.num_positions, "indices")
+        rows, cols = self.row_col(indices.long())
+        freqs = self.freqs.float()
+        return rows.float()[:, None, :, None] * freqs[0][None, :, None, :] + cols.float()[
+            :, None, :, None
+        ] * freqs[1][None, :, None, :]
+
+    def attention_positions(self, indices: torch.Tensor) -> AttentionPositions:
+        angles = self.angles(indices)
+        return AttentionPositions(rope=(angles.cos(), angles.sin()))
+
+
+class RelativePositionBias(PositionEncoding):
+    """Swin-style learned bias per head over grid offsets ``(dr, dc)``, added to attention logits.
+
+    Table ``[(2H - 1) * (2W - 1), heads]``; bias ``[B, heads, K, K]``, always finite.
+    """
+
+    needs_num_heads = True
+
+    def __init__(self, grid_height: int, grid_width: int, embed_dim: int, num_heads: int = 1):
+        super().__init__(grid_height, grid_width, embed_dim)
+        _head_dim(embed_dim, num_heads, 1, "relative_bias")
+        self.table = nn.Parameter(torch.empty((2 * grid_height - 1) * (2 * grid_width - 1), num_heads))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.trunc_normal_(self.table, std=0.02)
+
+    def offset_index(self, indices: torch.Tensor) -> torch.Tensor:
+        """Row of the table for every token pair: ``[B, K, K]``."""
+        check_indices(indices, self.num_positions, "indices")
+        rows, cols = self.row_col(indices.long())
+        dr = rows[:, :, None] - rows[:, None, :] + self.grid_height - 1
+        dc = cols[:, :, None] - cols[:, None, :] + self.grid_width - 1
+        return dr * (2 * self.grid_width - 1) + dc
+
+    def attention_positions(self, indices: torch.Tensor) -> AttentionPositions:
+        return AttentionPositions(bias=self.table[self.offset_index(indices)].permute(0, 3, 1, 2))
+
+
+class PositionalConvolution(PositionEncoding):
+    """CPVT's positional encoding generator: after the first block, a depthwise 3x3 convolution
+    over the token grid is added to the tokens. A gathered subset is scattered into a zero grid,
+    convolved and gathered back, so absent patches count as zero padding."""
+
+    def __init__(self, grid_height: int, grid_width: int, embed_dim: int):
+        super().__init__(grid_height, grid_width, embed_dim)
+        self.conv = nn.Conv2d(embed_dim, embed_dim, kernel_size=3, padding=1, groups=embed_dim)
+
+    def scatter_to_grid(self, tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """``[B, K, D]`` tokens at ``indices`` -> zero-filled grid ``[B, D, H, W]``."""
+        check_indices(indices, self.num_positions, "indices")
+        batch, _, dim = tokens.shape
+        grid = tokens.new_zeros(batch, self.num_positions, dim)
+        grid.scatter_(1, indices.long()[..., None].expand(-1, -1, dim), tokens)
+        return grid.transpose(1, 2).reshape(batch, dim, self.grid_height, self.grid_width)
+
+    def after_block(self, block_index: int, tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        if block_index != 0:
+            return tokens
+        grid = self.conv(self.scatter_to_grid(tokens, indices))
+        return tokens + gather_patches(grid.flatten(2).transpose(1, 2), indices)
+
+
 POSITION_EMBEDDINGS: dict[str, type[PositionEncoding]] = {
     "none": NoPositionEmbedding,
     "learned": Learned2DPositionEmbedding,
+    "learned_2d": LearnedFactorized2DPositionEmbedding,
     "sincos": FixedSinCos2DPositionEmbedding,
+    "rope_axial": RotaryAxial2DPositionEmbedding,
+    "rope_mixed": RotaryMixed2DPositionEmbedding,
+    "peg": PositionalConvolution,
+    "relative_bias": RelativePositionBias,
 }
 
 
-def build_position_embedding(name: str, grid_height: int, grid_width: int, embed_dim: int, **options) -> PositionEncoding:
-    """Build a position encoding by its config name (see ``POSITION_EMBEDDINGS``)."""
+def build_position_embedding(
+    name: str, grid_height: int, grid_width: int, embed_dim: int, num_heads: int = 1, **options
+) -> PositionEncoding:
+    """Build a position encoding by its config name (see ``POSITION_EMBEDDINGS``); rotary and bias
+    types also take the attention's ``num_heads``."""
     if name not in POSITION_EMBEDDINGS:
         raise ValueError(
             f"unknown position embedding {name!r}; valid names: {', '.join(sorted(POSITION_EMBEDDINGS))}."
         )
-    return POSITION_EMBEDDINGS[name](grid_height, grid_width, embed_dim, **options)
+    cls = POSITION_EMBEDDINGS[name]
+    if getattr(cls, "needs_num_heads", False):
+        options["num_heads"] = num_heads
+    return cls(grid_height, grid_width, embed_dim, **options)

@@ -41,7 +41,7 @@ class Predictor(nn.Module):
         self.embed_dim = embed_dim
         self.input_proj = nn.Linear(embed_dim, predictor_embed_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, predictor_embed_dim))
-        position = build_position_embedding(pos_embed, grid_size, grid_size, predictor_embed_dim)
+        position = build_position_embedding(pos_embed, grid_size, grid_size, predictor_embed_dim, num_heads)
         self.transformer = Transformer(
             predictor_embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate
         )

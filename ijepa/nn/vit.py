@@ -135,7 +135,7 @@ class VisionTransformer(nn.Module):
         self.grid_size = self.patch_embed.grid_size
         self.num_patches = self.patch_embed.num_patches
         self.embed_dim = embed_dim
-        position = build_position_embedding(pos_embed, self.grid_size, self.grid_size, embed_dim)
+        position = build_position_embedding(pos_embed, self.grid_size, self.grid_size, embed_dim, num_heads)
         self.transformer = Transformer(embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate)
         self.apply(init_vit_weights)
         if hasattr(position, "reset_parameters"):

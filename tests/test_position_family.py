@@ -1,0 +1,166 @@
+"""The defining property of every member of the position-encoding family."""
+
+import pytest
+import torch
+
+from ijepa.nn import Predictor, VisionTransformer, apply_rotary, build_position_embedding
+from ijepa.nn.position import (
+    POSITION_EMBEDDINGS,
+    AdditivePositionEmbedding,
+    PositionalConvolution,
+    RelativePositionBias,
+    RotaryAxial2DPositionEmbedding,
+    RotaryMixed2DPositionEmbedding,
+)
+
+ALL = sorted(POSITION_EMBEDDINGS)
+
+
+def test_family_is_complete():
+    assert set(ALL) == {"none", "learned", "learned_2d", "sincos", "rope_axial", "rope_mixed", "peg", "relative_bias"}
+
+
+def test_parameter_counts_of_learned_tables():
+    learned = build_position_embedding("learned", 5, 7, 16)
+    factorized = build_position_embedding("learned_2d", 5, 7, 16)
+    assert sum(p.numel() for p in learned.parameters()) == 5 * 7 * 16
+    assert sum(p.numel() for p in factorized.parameters()) == (5 + 7) * 16
+    # factorized: every position is row + column
+    idx = torch.tensor([[3 * 7 + 4]])
+    assert torch.allclose(factorized(idx)[0, 0], factorized.row[3] + factorized.col[4])
+    assert torch.allclose(factorized.table()[3 * 7 + 4], factorized.row[3] + factorized.col[4])
+
+
+def rotate_score(encoding, q, k, p1, p2):
+    """<R(p1) q, R(p2) k> per head for single tokens at patch indices p1, p2."""
+    angles = encoding.angles(torch.tensor([[p1, p2]]))
+    cos, sin = angles.cos(), angles.sin()
+    rq = apply_rotary(q, cos[:, :, :1], sin[:, :, :1])
+    rk = apply_rotary(k, cos[:, :, 1:], sin[:, :, 1:])
+    return (rq * rk).sum(-1).flatten()
+
+
+@pytest.mark.parametrize("cls", [RotaryAxial2DPositionEmbedding, RotaryMixed2DPositionEmbedding])
+def test_rope_is_relative_and_norm_preserving(cls):
+    g = 8
+    encoding = cls(g, g, 32, num_heads=2)
+    q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
+
+    def at(r, c):
+        return r * g + c
+
+    a = rotate_score(encoding, q, k, at(1, 2), at(3, 5))
+    b = rotate_score(encoding, q, k, at(4, 1), at(6, 4))  # both shifted by (+3, -1)
+    assert torch.allclose(a, b, atol=1e-4)
+    c = rotate_score(encoding, q, k, at(1, 2), at(3, 6))
+    assert not torch.allclose(a, c, atol=1e-3)
+    angles = encoding.angles(torch.tensor([[at(5, 7)]]))
+    rotated = apply_rotary(q, angles.cos(), angles.sin())
+    assert torch.allclose(rotated.norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+    assert angles.dtype == torch.float32
+
+
+def test_axial_rope_row_and_column_effects_separate():
+    g = 8
+    encoding = RotaryAxial2DPositionEmbedding(g, g, 16, num_heads=1)
+    angles = encoding.angles(torch.tensor([[0, 3, 2 * g]]))[0, 0]  # (0,0), (0,3), (2,0)
+    quarter = 16 // 4
+    # a column move rotates only the column pairs, a row move only the row pairs
+    assert torch.equal(angles[1, :quarter], angles[0, :quarter]) and not torch.equal(angles[1, quarter:], angles[0, quarter:])
+    assert torch.equal(angles[2, quarter:], angles[0, quarter:]) and not torch.equal(angles[2, :quarter], angles[0, :quarter])
+
+
+def test_rope_mixed_can_mix_axes():
+    encoding = RotaryMixed2DPositionEmbedding(4, 4, 16, num_heads=2)
+    # a column step changes the angle of pairs that a row step also changes (diagonal frequencies)
+    angles = encoding.angles(torch.tensor([[0, 1, 4]]))[0]
+    col_step, row_step = angles[:, 1] - angles[:, 0], angles[:, 2] - angles[:, 0]
+    assert ((col_step.abs() > 1e-4) & (row_step.abs() > 1e-4)).any()
+    assert encoding.freqs.requires_grad
+
+
+def test_rope_head_dim_errors():
+    with pytest.raises(ValueError, match="rope_axial needs a head dimension divisible by 4"):
+        build_position_embedding("rope_axial", 4, 4, 24, num_heads=4)
+    with pytest.raises(ValueError, match="num_heads=5 must be a positive divisor"):
+        build_position_embedding("rope_mixed", 4, 4, 24, num_heads=5)
+
+
+def test_relative_bias_indexes_the_offset_table():
+    g = 4
+    bias = RelativePositionBias(g, g, 8, num_heads=2)
+    indices = torch.tensor([[0, 5, 15]])  # (0,0), (1,1), (3,3)
+    out = bias.attention_positions(indices).bias
+    assert out.shape == (1, 2, 3, 3)
+    table = bias.table.view(2 * g - 1, 2 * g - 1, 2)
+    # query (1,1) attending key (3,3): offset (-2, -2) -> row g-1-2, col g-1-2
+    assert torch.equal(out[0, :, 1, 2], table[g - 3, g - 3])
+    # the same offset anywhere reads the same entry
+    other = bias.attention_positions(torch.tensor([[4, 14]])).bias  # (1,0) -> (3,2): (-2,-2)
+    assert torch.equal(other[0, :, 0, 1], out[0, :, 1, 2])
+    assert torch.isfinite(out).all()
+
+
+def test_peg_scatter_gather_matches_full_grid_convolution():
+    g, d = 4, 8
+    peg = PositionalConvolution(g, g, d)
+    tokens = torch.randn(2, 5, d)
+    indices = torch.tensor([[0, 3, 6, 9, 15], [1, 2, 4, 8, 12]])
+    grid = peg.scatter_to_grid(tokens, indices)
+    assert grid.shape == (2, d, g, g)
+    for b in range(2):
+        for k, i in enumerate(indices[b].tolist()):
+            assert torch.equal(grid[b, :, i // g, i % g], tokens[b, k])
+    assert grid.abs().sum() == pytest.approx(tokens.abs().sum().item(), rel=1e-5)  # absent cells are zero
+    out = peg.after_block(0, tokens, indices)
+    full = peg.conv(grid).flatten(2).transpose(1, 2)
+    for b in range(2):
+        assert torch.allclose(out[b], tokens[b] + full[b, indices[b]], atol=1e-6)
+    assert torch.equal(peg.after_block(1, tokens, indices), tokens)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_positions_on_a_subset_equal_the_full_grid_restricted(name):
+    encoding = build_position_embedding(name, 4, 4, 16, num_heads=2)
+    subset = torch.tensor([[2, 7, 11, 13]])
+    full = torch.arange(16)[None]
+    if isinstance(encoding, AdditivePositionEmbedding):
+        assert torch.allclose(encoding(subset), encoding(full)[:, subset[0]])
+    if hasattr(encoding, "angles"):
+        a_full = encoding.angles(full)
+        assert torch.allclose(encoding.angles(subset), a_full[:, :, subset[0]])
+    if isinstance(encoding, RelativePositionBias):
+        b_full = encoding.attention_positions(full).bias
+        assert torch.equal(encoding.attention_positions(subset).bias, b_full[:, :, subset[0]][:, :, :, subset[0]])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_type_in_encoder_is_permutation_equivariant_and_position_sensitive(name):
+    torch.manual_seed(0)
+    encoder = VisionTransformer(32, 8, embed_dim=32, depth=2, num_heads=2, pos_embed=name).eval()
+    if name == "peg":
+        torch.nn.init.normal_(encoder.position.conv.weight, std=0.5)
+    images = torch.randn(1, 3, 32, 32)
+    idx = torch.tensor([[0, 5, 10, 14]])
+    perm = torch.tensor([[10, 0, 14, 5]])
+    out, out_perm = encoder(images, idx), encoder(images, perm)
+    assert torch.allclose(out_perm, out[:, [2, 0, 3, 1]], atol=1e-5)
+    # the same pixels at two different indices: outputs differ unless there are no positions
+    same = images.clone()
+    same[:, :, 0:8, 0:8] = same[:, :, 24:32, 24:32]
+    both = encoder(same, torch.tensor([[0, 15, 5]]))
+    differ = not torch.allclose(both[0, 0], both[0, 1], atol=1e-5)
+    assert differ == (name != "none"), name
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_type_in_predictor_runs_and_learns(name):
+    predictor = Predictor(grid_size=4, embed_dim=32, predictor_embed_dim=16, depth=1, num_heads=2, pos_embed=name)
+    context = torch.randn(2, 5, 32)
+    ci = torch.tensor([[0, 1, 2, 3, 4], [11, 12, 13, 14, 15]])
+    ti = torch.tensor([[[8, 9], [14, 15]], [[0, 1], [2, 3]]])
+    out = predictor(context, ci, ti)
+    assert out.shape == (2, 2, 2, 32) and torch.isfinite(out).all()
+    out.sum().backward()
+    learnable = [p for p in predictor.position.parameters()]
+    assert all(p.grad is not None for p in learnable)
