@@ -55,6 +55,11 @@ def test_fit_writes_checkpoint_events_and_learns(fitted_run):
     assert [step for step, _ in knn] == [0, 19, 39]
     assert all(0.0 <= v <= 1.0 for _, v in knn)
     assert "val/knn_top1" in output and "random init" in output
+    # ViT Figure 7 of the (sin-cos) position tables, at each validation
+    acc = EventAccumulator(str(version), size_guidance={"images": 0})
+    acc.Reload()
+    assert {"positions/encoder", "positions/predictor"} <= set(acc.Tags()["images"])
+    assert len(acc.Images("positions/encoder")) == 2
 
 
 def test_checkpoint_loads_under_weights_only(fitted_run):

@@ -25,8 +25,34 @@ def test_config_builds(config, tmp_path):
     assert data.hparams.patch_size == model.hparams.patch_size
     assert data.grid_size == model.encoder.grid_size
     callbacks = {type(cb).__name__ for cb in cli.trainer.callbacks}
-    assert {"EMATargetUpdate", "KNNProbe", "ModelCheckpoint"} <= callbacks
+    assert {"EMATargetUpdate", "KNNProbe", "ModelCheckpoint", "PositionSimilarityImages"} <= callbacks
 
 
 def test_there_are_the_documented_configs():
     assert {"quickstart", "stl10_vit_tiny", "stl10_vit_small"} <= {c.stem for c in CONFIGS}
+
+
+ABLATIONS = sorted((Path(__file__).parents[1] / "configs" / "ablations").glob("pos_*.yaml"))
+
+
+def test_there_is_an_ablation_for_every_position_type():
+    from ijepa.nn import POSITION_EMBEDDINGS
+
+    assert {c.stem.removeprefix("pos_") for c in ABLATIONS} == set(POSITION_EMBEDDINGS)
+
+
+@pytest.mark.parametrize("overlay", ABLATIONS, ids=[c.stem for c in ABLATIONS])
+def test_ablation_overlays_build_on_the_quickstart(overlay, tmp_path):
+    quickstart = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
+    cli = IJEPACLI(
+        IJEPA,
+        IJEPADataModule,
+        run=False,
+        args=["--config", str(quickstart), "--config", str(overlay), f"--trainer.default_root_dir={tmp_path}"],
+    )
+    name = overlay.stem.removeprefix("pos_")
+    assert cli.model.hparams.pos_embed == name
+    from ijepa.nn import POSITION_EMBEDDINGS
+
+    assert type(cli.model.encoder.position) is POSITION_EMBEDDINGS[name]
+    assert cli.datamodule.hparams.dataset == "shapes"

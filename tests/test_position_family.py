@@ -164,3 +164,50 @@ def test_every_type_in_predictor_runs_and_learns(name):
     out.sum().backward()
     learnable = [p for p in predictor.position.parameters()]
     assert all(p.grad is not None for p in learnable)
+
+
+def test_vit_style_broadcast_add_with_prefix_tokens():
+    from ijepa.nn import add_position_embedding
+
+    tokens = torch.randn(3, 5, 4)  # 1 class token + 4 patches
+    table = torch.randn(1, 5, 4)
+    assert torch.allclose(add_position_embedding(tokens, table), tokens + table)
+    patches_only = torch.randn(1, 4, 4)
+    out = add_position_embedding(tokens, patches_only, num_prefix_tokens=1)
+    assert torch.equal(out[:, 0], tokens[:, 0])  # the class token is untouched
+    assert torch.allclose(out[:, 1:], tokens[:, 1:] + patches_only)
+    with pytest.raises(ValueError, match="expected 5 .* or 4"):
+        add_position_embedding(tokens, torch.randn(1, 3, 4), num_prefix_tokens=1)
+    with pytest.raises(ValueError, match=r"\[1, N, D\]"):
+        add_position_embedding(tokens, torch.randn(2, 5, 4))
+
+
+def test_cosine_similarity_grid_is_vit_figure_7():
+    from ijepa.nn import cosine_similarity_grid, sinusoidal_2d_grid
+
+    g_h, g_w = 3, 4
+    table = sinusoidal_2d_grid(g_h, g_w, 32)
+    image = cosine_similarity_grid(table, g_h, g_w, pad=1)
+    assert image.shape == (1, g_h * (g_h + 1) - 1, g_w * (g_w + 1) - 1)
+    assert 0.0 <= image.min() and image.max() <= 1.0 + 1e-6
+    for r in range(g_h):
+        for c in range(g_w):
+            tile = image[0, r * (g_h + 1): r * (g_h + 1) + g_h, c * (g_w + 1): c * (g_w + 1) + g_w]
+            # each position is most similar to itself
+            assert tile[r, c] == pytest.approx(1.0, abs=1e-5)
+            assert tile.argmax() == r * g_w + c
+    with pytest.raises(ValueError, match=r"table must be \[12, D\]"):
+        cosine_similarity_grid(table[:5], g_h, g_w)
+
+
+@pytest.mark.parametrize("name", ["sincos", "rope_axial", "rope_mixed"])
+def test_fixed_and_rotary_tables_stay_float32_under_bf16_autocast(name):
+    encoder = VisionTransformer(32, 8, embed_dim=32, depth=1, num_heads=2, pos_embed=name).eval()
+    idx = torch.tensor([[0, 5, 15]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if hasattr(encoder.position, "angles"):
+            assert encoder.position.angles(idx).dtype == torch.float32
+        else:
+            assert encoder.position(idx).dtype == torch.float32
+        out = encoder(torch.randn(1, 3, 32, 32), idx)
+    assert torch.isfinite(out).all()

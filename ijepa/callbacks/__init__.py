@@ -2,5 +2,6 @@
 
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
 from ijepa.callbacks.knn import KNNProbe, knn_scores
+from ijepa.callbacks.position_images import PositionSimilarityImages
 
-__all__ = ["EMATargetUpdate", "KNNProbe", "ema_update_", "knn_scores"]
+__all__ = ["EMATargetUpdate", "KNNProbe", "PositionSimilarityImages", "ema_update_", "knn_scores"]

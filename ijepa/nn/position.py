@@ -173,6 +173,45 @@ class FixedSinCos2DPositionEmbedding(AdditivePositionEmbedding):
         return self.embedding
 
 
+def add_position_embedding(tokens: torch.Tensor, pos_embed: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+    """ViT-style broadcast add of a ``[1, N, D]`` table to ``[B, N, D]`` tokens.
+
+    With ``num_prefix_tokens > 0`` (class or register tokens first in the sequence), the table
+    may either cover the whole sequence (``N`` rows, prefix rows included, as in ViT) or only the
+    patches (``N - num_prefix_tokens`` rows, prefix tokens left unchanged).
+    """
+    if tokens.dim() != 3 or pos_embed.dim() != 3 or pos_embed.size(0) != 1:
+        raise ValueError(f"expected tokens [B, N, D] and pos_embed [1, N, D], got {tuple(tokens.shape)} and {tuple(pos_embed.shape)}.")
+    if pos_embed.size(-1) != tokens.size(-1):
+        raise ValueError(f"pos_embed width {pos_embed.size(-1)} != token width {tokens.size(-1)}.")
+    if pos_embed.size(1) == tokens.size(1):
+        return tokens + pos_embed
+    if num_prefix_tokens > 0 and pos_embed.size(1) == tokens.size(1) - num_prefix_tokens:
+        prefix, patches = tokens[:, :num_prefix_tokens], tokens[:, num_prefix_tokens:]
+        return torch.cat([prefix, patches + pos_embed], dim=1)
+    raise ValueError(
+        f"pos_embed has {pos_embed.size(1)} rows for {tokens.size(1)} tokens with num_prefix_tokens={num_prefix_tokens}: "
+        f"expected {tokens.size(1)} (prefix rows included) or {tokens.size(1) - num_prefix_tokens} (patches only)."
+    )
+
+
+def cosine_similarity_grid(table: torch.Tensor, grid_height: int, grid_width: int, pad: int = 1) -> torch.Tensor:
+    """ViT's Figure 7: for every position ``(r, c)`` a ``grid_height x grid_width`` tile of the
+    cosine similarity of its embedding with every position, tiles laid out on the grid.
+
+    ``table [N, D] -> image [1, H * (h + pad) - pad, W * (w + pad) - pad]`` with values in [0, 1]
+    (similarity mapped from [-1, 1]); padding is 0.
+    """
+    n = grid_height * grid_width
+    if table.dim() != 2 or table.size(0) != n:
+        raise ValueError(f"table must be [{n}, D] for a {grid_height}x{grid_width} grid, got {tuple(table.shape)}.")
+    unit = torch.nn.functional.normalize(table.detach().float(), dim=1)
+    tiles = ((unit @ unit.T + 1) / 2).view(grid_height, grid_width, grid_height, grid_width)
+    tiles = torch.nn.functional.pad(tiles, (0, pad, 0, pad))  # pad each tile's right and bottom
+    image = tiles.permute(0, 2, 1, 3).reshape(grid_height * (grid_height + pad), grid_width * (grid_width + pad))
+    return image[: image.size(0) - pad, : image.size(1) - pad].unsqueeze(0)
+
+
 def gather_tokens_with_positions(
     patch_tokens: torch.Tensor, indices: torch.Tensor, position_embedding: AdditivePositionEmbedding
 ) -> torch.Tensor:
