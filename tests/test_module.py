@@ -126,9 +126,6 @@ def test_optimizer_groups_and_schedules_follow_global_step(tmp_path):
     seen = []
 
     class Recorder(L.Callback):
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            pass
-
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):
             groups = optimizer.param_groups
             seen.append((trainer.global_step, groups[0]["lr"], groups[0]["weight_decay"], groups[1]["weight_decay"]))
