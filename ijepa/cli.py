@@ -5,6 +5,10 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import torch
 from lightning.pytorch.cli import LightningCLI
 
 from ijepa.data.datamodule import IJEPADataModule
@@ -19,6 +23,24 @@ class IJEPACLI(LightningCLI):
         # copied to the other, so masks and model always agree on the grid.
         parser.link_arguments("data.image_size", "model.image_size")
         parser.link_arguments("model.patch_size", "data.patch_size")
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI fills the model's arguments from the checkpoint's hyperparameters. Keep
+        # that for the architecture, but let the run choose the resolution (image and patch
+        # size): the model adapts the checkpoint to it on load (IJEPA.on_load_checkpoint).
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        hparams = {k: v for k, v in hparams.items() if k not in ("image_size", "patch_size", "_instantiator")}
+        if not hparams:
+            return
+        try:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+            raise
 
 
 def main(args: list[str] | None = None) -> None:

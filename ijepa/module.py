@@ -7,11 +7,12 @@ import copy
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ijepa.callbacks.ema import EMATargetUpdate
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.predictor import Predictor
+from ijepa.nn.resize import INTERPOLATION_MODES, resize_state_dict
 from ijepa.nn.vit import VisionTransformer
 from ijepa.schedules import cosine_schedule, warmup_cosine_schedule
 
@@ -69,6 +70,9 @@ class IJEPA(L.LightningModule):
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
         self.save_hyperparameters()
+        # How checkpoints from another resolution are adapted on load; the
+        # PositionEmbeddingInterpolation callback sets these from the config.
+        self.position_interpolation = {"mode": "bicubic", "antialias": False}
         self.encoder = VisionTransformer(
             image_size, patch_size, in_channels, embed_dim, depth, num_heads, mlp_ratio,
             drop_path_rate=drop_path_rate, pos_embed=pos_embed,
@@ -147,18 +151,26 @@ class IJEPA(L.LightningModule):
         total = self.total_steps()
         return warmup_cosine_schedule(step, total, min(hp.warmup_steps, total), hp.lr, hp.final_lr, hp.start_lr)
 
-    def configure_optimizers(self):
-        # No weight decay on biases, norms, position tables or the mask token (all < 2-D or
-        # embeddings), as in I-JEPA and timm.
+    def parameter_groups(self) -> tuple[list[str], list[str]]:
+        """Names of the trainable parameters with and without weight decay, in optimizer order.
+
+        No weight decay on biases, norms, position tables or the mask token (all < 2-D or
+        embeddings), as in I-JEPA and timm.
+        """
         decay, no_decay = [], []
         for name, param in self.named_parameters():
             if not param.requires_grad:
                 continue
             is_table = "position" in name or "mask_token" in name
-            (no_decay if param.ndim < 2 or is_table else decay).append(param)
+            (no_decay if param.ndim < 2 or is_table else decay).append(name)
+        return decay, no_decay
+
+    def configure_optimizers(self):
+        params = dict(self.named_parameters())
+        decay, no_decay = self.parameter_groups()
         groups = [
-            {"params": decay, "weight_decay": self.hparams.weight_decay, "scheduled_weight_decay": True},
-            {"params": no_decay, "weight_decay": 0.0, "scheduled_weight_decay": False},
+            {"params": [params[n] for n in decay], "weight_decay": self.hparams.weight_decay, "scheduled_weight_decay": True},
+            {"params": [params[n] for n in no_decay], "weight_decay": 0.0, "scheduled_weight_decay": False},
         ]
         fused = self.device.type == "cuda"
         optimizer = torch.optim.AdamW(
@@ -173,6 +185,60 @@ class IJEPA(L.LightningModule):
         for group in self.optimizers(use_pl_optimizer=False).param_groups:
             if group["scheduled_weight_decay"]:
                 group["weight_decay"] = weight_decay
+
+    # --- checkpoints at another resolution ---------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["resolution"] = {"image_size": self.hparams.image_size, "patch_size": self.hparams.patch_size}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Adapt a checkpoint saved at another image or patch size to this model, before loading.
+
+        Learned position tables (encoders and predictor) are interpolated, patch kernels resized
+        (FlexiViT), sin-cos and RoPE rebuilt; optimizer moments of resized parameters follow the
+        same map so ``fit`` can continue at the new resolution. Anything else that does not fit
+        raises ValueError listing the keys. Runs for ``Trainer(ckpt_path=...)`` and
+        ``IJEPA.load_from_checkpoint``.
+        """
+        # The grid it was trained on: recorded by on_save_checkpoint, since load_from_checkpoint
+        # overwrites the saved hyperparameters with its keyword arguments (e.g. image_size=96).
+        saved = checkpoint.get("resolution") or checkpoint.get("hyper_parameters") or {}
+        old_image = saved.get("image_size", self.hparams.image_size)
+        old_patch = saved.get("patch_size", self.hparams.patch_size)
+        if old_image % old_patch != 0:
+            raise ValueError(f"checkpoint has image_size={old_image} not divisible by patch_size={old_patch}.")
+        old_grid = (old_image // old_patch,) * 2
+        settings = self.position_interpolation
+        if settings["mode"] not in INTERPOLATION_MODES:
+            raise ValueError(f"position interpolation mode must be one of {INTERPOLATION_MODES}, got {settings['mode']!r}.")
+        changed = resize_state_dict(self, checkpoint["state_dict"], old_grid, old_patch, settings["mode"], settings["antialias"])
+        if not changed:
+            return
+        self._resize_optimizer_states(checkpoint, changed)
+        new_grid = self.encoder.patch_embed.grid_size
+        lines = [f"  {key}: {list(old)} -> {list(new)}" for key, (old, new, _) in changed.items()]
+        rank_zero_info(
+            f"Checkpoint adapted from image_size={old_image}, patch_size={old_patch} (grid {old_grid[0]}x{old_grid[1]}) "
+            f"to image_size={self.hparams.image_size}, patch_size={self.hparams.patch_size} (grid {new_grid}x{new_grid}) "
+            f"with {settings['mode']} interpolation:\n" + "\n".join(lines)
+        )
+
+    def _resize_optimizer_states(self, checkpoint: dict, changed: dict) -> None:
+        # AdamW moments of a resized parameter get the parameter's own (linear) map; the second
+        # moment is clamped at 0 since bicubic weights can be negative. Approximate, but it keeps
+        # the step count and scale, unlike resetting the moments.
+        states = checkpoint.get("optimizer_states") or []
+        if not states:
+            return
+        order = [name for group in self.parameter_groups() for name in group]
+        state = states[0].get("state", {})
+        for index, name in enumerate(order):
+            if name not in changed or index not in state:
+                continue
+            resizer = changed[name][2]
+            for moment, value in state[index].items():
+                if torch.is_tensor(value) and tuple(value.shape) == changed[name][0]:
+                    value = resizer(value)
+                    state[index][moment] = value.clamp_min(0) if moment == "exp_avg_sq" else value
 
     def on_train_start(self) -> None:
         if not any(isinstance(cb, EMATargetUpdate) for cb in self.trainer.callbacks):

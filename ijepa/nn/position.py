@@ -23,6 +23,12 @@ import torch.nn as nn
 
 from ijepa.nn.checks import check_indices, check_positive
 from ijepa.nn.patch import gather_patches
+from ijepa.nn.resize import (
+    Resizer,
+    interpolate_axis_table,
+    interpolate_position_embedding,
+    interpolate_relative_bias_table,
+)
 
 SINCOS_AXIS_ORDERS = ("col_row", "row_col")
 
@@ -72,6 +78,20 @@ class PositionEncoding(nn.Module):
         """Row-major indices ``[B, K]`` -> grid rows and columns, each ``[B, K]``."""
         return indices // self.grid_width, indices % self.grid_width
 
+    @property
+    def grid(self) -> tuple[int, int]:
+        """``(grid_height, grid_width)``."""
+        return self.grid_height, self.grid_width
+
+    def state_resizers(self, old_grid: tuple[int, int], mode: str = "bicubic", antialias: bool = False) -> dict[str, Resizer]:
+        """How to bring this module's saved tensors from ``old_grid`` to its own grid.
+
+        Returns ``{state-dict key relative to this module: function old tensor -> new tensor}``
+        for the grid-dependent tensors only; fixed tables (sin-cos) and rotary angles are
+        computed from the grid and need nothing, so the default is empty.
+        """
+        return {}
+
 
 class NoPositionEmbedding(PositionEncoding):
     """The ablation: no position information; the transformer is permutation-equivariant."""
@@ -110,6 +130,9 @@ class Learned2DPositionEmbedding(AdditivePositionEmbedding):
 
     def table(self) -> torch.Tensor:
         return self.embedding.weight
+
+    def state_resizers(self, old_grid, mode="bicubic", antialias=False):
+        return {"embedding.weight": lambda t: interpolate_position_embedding(t, old_grid, self.grid, 0, mode, antialias)}
 
 
 def sinusoidal_1d_positions(positions: torch.Tensor, dim: int, temperature: float = 10_000.0) -> torch.Tensor:
@@ -235,6 +258,13 @@ class LearnedFactorized2DPositionEmbedding(AdditivePositionEmbedding):
     def table(self) -> torch.Tensor:
         return (self.row[:, None, :] + self.col[None, :, :]).flatten(0, 1)
 
+    def state_resizers(self, old_grid, mode="bicubic", antialias=False):
+        # Per axis: the sum structure (position = row + column) survives the resize.
+        return {
+            "row": lambda t: interpolate_axis_table(t, self.grid_height, mode, antialias),
+            "col": lambda t: interpolate_axis_table(t, self.grid_width, mode, antialias),
+        }
+
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
         check_indices(indices, self.num_positions, "indices")
         rows, cols = self.row_col(indices.long())
@@ -351,6 +381,9 @@ class RelativePositionBias(PositionEncoding):
 
     def attention_positions(self, indices: torch.Tensor) -> AttentionPositions:
         return AttentionPositions(bias=self.table[self.offset_index(indices)].permute(0, 3, 1, 2))
+
+    def state_resizers(self, old_grid, mode="bicubic", antialias=False):
+        return {"table": lambda t: interpolate_relative_bias_table(t, old_grid, self.grid, mode, antialias)}
 
 
 class PositionalConvolution(PositionEncoding):
