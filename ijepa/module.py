@@ -102,30 +102,51 @@ class IJEPA(L.LightningModule):
 
     def jepa_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The I-JEPA loss of one masked batch (see the class docstring for the shapes)."""
+        return self.jepa_step(batch)[0]
+
+    def jepa_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss and the target encoder's features of every patch ``[B, N, D]`` (before the
+        layer norm), for monitors that need them."""
         images = batch["images"]
         context_indices, target_indices = batch["context_indices"], batch["target_indices"]
         batch_size, num_blocks, num_targets = target_indices.shape
         with torch.no_grad():
             target_features = self.target_encoder(images)
-            target_features = F.layer_norm(target_features, target_features.shape[-1:])
-            targets = gather_patches(target_features, target_indices.flatten(1))
+            normed = F.layer_norm(target_features, target_features.shape[-1:])
+            targets = gather_patches(normed, target_indices.flatten(1))
             targets = targets.view(batch_size, num_blocks, num_targets, -1)
         context = self.encoder(images, context_indices)
         predictions = self.predictor(context, context_indices, target_indices)
         if self.hparams.loss == "mse":
-            return F.mse_loss(predictions.float(), targets.float())
-        return F.smooth_l1_loss(predictions.float(), targets.float())
+            loss = F.mse_loss(predictions.float(), targets.float())
+        else:
+            loss = F.smooth_l1_loss(predictions.float(), targets.float())
+        return loss, target_features
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self.jepa_loss(batch)
+        if not torch.isfinite(loss):
+            # Stop before the optimizer step and before any checkpoint is written, so the last
+            # good checkpoint stays the last one on disk.
+            callback = self.trainer.checkpoint_callback
+            last_good = (callback.last_model_path or callback.best_model_path) if callback else ""
+            raise FloatingPointError(
+                f"non-finite train/loss ({loss.item()}) at step {self.global_step} (epoch {self.current_epoch}, "
+                f"batch {batch_idx}); stopping without saving. Last good checkpoint: {last_good or 'none written yet'}. "
+                "Lower model.lr, raise model.warmup_steps, or use precision 32-true / bf16-mixed."
+            )
         optimizer = self.optimizers(use_pl_optimizer=False)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", optimizer.param_groups[0]["lr"])
         self.log("train/weight_decay", optimizer.param_groups[0]["weight_decay"])
         return loss
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.log("val/loss", self.jepa_loss(batch), sync_dist=True)
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        """Logs ``val/loss``; returns the mean-pooled target features ``[B, D]`` for
+        :class:`ijepa.callbacks.CollapseMonitor`."""
+        loss, target_features = self.jepa_step(batch)
+        self.log("val/loss", loss, sync_dist=True)
+        return {"loss": loss, "target_features": target_features.mean(dim=1)}
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self.log("test/loss", self.jepa_loss(batch), sync_dist=True)

@@ -47,7 +47,7 @@ def test_fit_writes_checkpoint_events_and_learns(fitted_run):
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.7 * first, (first, last)
 
-    for tag in ("train/lr", "train/weight_decay", "train/ema_momentum", "val/loss"):
+    for tag in ("train/lr", "train/weight_decay", "train/ema_momentum", "val/loss", "val/target_std", "val/rankme"):
         assert scalars(version, tag), tag
     knn = scalars(version, "val/knn_top1")
     assert knn[0][0] == 0, "the random-init probe is logged at step 0"

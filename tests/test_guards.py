@@ -1,0 +1,62 @@
+"""Guards that keep a run honest: non-finite loss stops it, collapse is flagged."""
+
+import lightning as L
+import pytest
+import torch
+from conftest import TINY_MODEL
+from lightning.pytorch.callbacks import ModelCheckpoint
+from test_module import random_loader
+
+from ijepa.callbacks import CollapseMonitor, EMATargetUpdate, feature_std, rankme
+from ijepa.module import IJEPA
+
+
+def test_rankme_and_std_on_known_spectra():
+    # rank-1 data: one singular value -> RankMe 1; isotropic data in D dims -> close to D
+    direction = torch.randn(1, 16)
+    collapsed = torch.randn(200, 1) * direction
+    assert rankme(collapsed) == pytest.approx(1.0, abs=1e-3)
+    assert rankme(torch.randn(4000, 16)) > 15.0
+    # two equal singular values -> exactly 2
+    two = torch.zeros(4, 8)
+    two[0, 0], two[1, 1] = 3.0, 3.0
+    assert rankme(two) == pytest.approx(2.0, abs=1e-4)
+    assert feature_std(torch.ones(10, 4) * 7.0) == 0
+    assert feature_std(torch.tensor([[0.0], [2.0]])) == pytest.approx(2**0.5)
+
+
+def _validate(model, tmp_path, monitor):
+    trainer = L.Trainer(callbacks=[monitor], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.validate(model, dataloaders=random_loader(num_images=48, batch_size=16), verbose=False)
+    return trainer.callback_metrics
+
+
+def test_collapse_monitor_flags_a_collapsed_encoder(tmp_path):
+    monitor = CollapseMonitor(std_threshold=0.01, rankme_threshold=1.5)
+    healthy = _validate(IJEPA(**TINY_MODEL), tmp_path, monitor)
+    assert healthy["val/target_std"] > 0.1 and healthy["val/rankme"] > 3
+
+    collapsed = IJEPA(**TINY_MODEL)
+    with torch.no_grad():  # every image maps to the same feature: the norm's output is its bias
+        collapsed.target_encoder.transformer.norm.weight.zero_()
+    with pytest.warns(UserWarning, match="Possible collapse at step 0: val/target_std=0 < std_threshold=0.01"):
+        metrics = _validate(collapsed, tmp_path, monitor)
+    assert metrics["val/target_std"] == 0 and metrics["val/rankme"] < 1.5
+
+
+def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(tmp_path):
+    class BlowsUp(IJEPA):
+        def jepa_loss(self, batch):
+            loss = super().jepa_loss(batch)
+            return loss * float("nan") if self.global_step == 3 else loss
+
+    model = BlowsUp(**TINY_MODEL, warmup_steps=1)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_last=True)
+    trainer = L.Trainer(max_steps=6, callbacks=[EMATargetUpdate(), checkpoint], logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    with pytest.raises(FloatingPointError, match=r"non-finite train/loss \(nan\) at step 3 .*Last good checkpoint: .*last\.ckpt"):
+        trainer.fit(model, train_dataloaders=random_loader(num_images=64))
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 2  # the step-2 checkpoint, untouched
+    assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
