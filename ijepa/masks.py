@@ -145,15 +145,23 @@ class MaskCollator:
     """DataLoader ``collate_fn``: stacks ``(image, label)`` samples and samples masks for the batch.
 
     Returns a dict with ``images [B, C, H, W]``, ``labels [B]``, ``context_indices [B, Kc]`` and
-    ``target_indices [B, M, Kt]``. Runs in the DataLoader's worker processes.
+    ``target_indices [B, M, Kt]``. Runs in the DataLoader's worker processes. Samples that carry a
+    third element, a per-sample seed (:class:`ijepa.data.sampling.SeededSamples`), seed the
+    batch's masks from all of them, so masks never depend on the worker or the global RNG.
     """
 
     def __init__(self, sampler: MultiBlockMaskSampler):
         self.sampler = sampler
 
     def __call__(self, samples: list) -> dict[str, torch.Tensor]:
+        generator = None
+        if len(samples[0]) == 3:
+            from ijepa.data.sampling import mix_seed
+
+            generator = torch.Generator().manual_seed(mix_seed(*(sample[2] for sample in samples)))
+            samples = [sample[:2] for sample in samples]
         images, labels = default_collate(samples)
-        context_indices, target_indices = self.sampler(images.size(0))
+        context_indices, target_indices = self.sampler(images.size(0), generator)
         return {
             "images": images,
             "labels": labels,

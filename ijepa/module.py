@@ -210,6 +210,12 @@ class IJEPA(L.LightningModule):
     # --- checkpoints at another resolution ---------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["resolution"] = {"image_size": self.hparams.image_size, "patch_size": self.hparams.patch_size}
+        # The only global randomness of a step is stochastic depth; data order, augmentations
+        # and masks are seeded per sample (ijepa.data.sampling). Tensors only: weights_only loads.
+        checkpoint["rng_states"] = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Adapt a checkpoint saved at another image or patch size to this model, before loading.
@@ -222,6 +228,11 @@ class IJEPA(L.LightningModule):
         """
         # The grid it was trained on: recorded by on_save_checkpoint, since load_from_checkpoint
         # overwrites the saved hyperparameters with its keyword arguments (e.g. image_size=96).
+        rng = checkpoint.get("rng_states")
+        if rng is not None and self._trainer is not None and self.trainer.state.fn == "fit":
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(rng["cuda"])
         saved = checkpoint.get("resolution") or checkpoint.get("hyper_parameters") or {}
         old_image = saved.get("image_size", self.hparams.image_size)
         old_patch = saved.get("patch_size", self.hparams.patch_size)

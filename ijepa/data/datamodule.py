@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import lightning as L
@@ -11,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torchvision import datasets
 from torchvision.transforms import v2
 
+from ijepa.data.sampling import EpochSampler, ResumableDataLoader, SeededSamples, mix_seed
 from ijepa.data.stl10 import STL10
 from ijepa.masks import MaskCollator, MultiBlockMaskSampler
 from ijepa.nn.patch import grid_size
@@ -230,13 +232,48 @@ class IJEPADataModule(L.LightningDataModule):
             pin_memory=self.hparams.pin_memory and torch.cuda.is_available(),
             drop_last=drop_last,
             persistent_workers=persistent and workers > 0,
+            generator=torch.Generator().manual_seed(self.hparams.seed),
         )
 
+    def sampling_seed(self) -> int:
+        """Base seed of the order, augmentations and masks: ``data.seed`` mixed with the run's
+        ``seed_everything`` (the same on every DDP rank)."""
+        return mix_seed(self.hparams.seed, int(os.environ.get("PL_GLOBAL_SEED", 0)))
+
+    def _progress(self) -> tuple[int, int]:
+        # (epoch, batches of it trained so far), what a checkpoint written now has seen.
+        loop = self.trainer.fit_loop
+        return loop.epoch_progress.current.completed, loop.epoch_loop.batch_progress.current.processed
+
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.split("pretrain"), self.hparams.batch_size, True, MaskCollator(self.mask_sampler), drop_last=True)
+        """Masked pretraining batches; order, augmentation and masks are functions of
+        ``(sampling_seed, epoch, index)`` (:mod:`ijepa.data.sampling`), resumable mid-epoch."""
+        hp, trainer = self.hparams, self.trainer
+        seed = self.sampling_seed()
+        sampler = EpochSampler(
+            self.split("pretrain"), hp.batch_size, num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0, seed=seed, shuffle=True,
+        )
+        workers = hp.num_workers
+        return ResumableDataLoader(
+            SeededSamples(self.split("pretrain"), seed),
+            batch_size=hp.batch_size,
+            sampler=sampler,
+            num_workers=workers,
+            collate_fn=MaskCollator(self.mask_sampler),
+            pin_memory=hp.pin_memory and torch.cuda.is_available(),
+            drop_last=True,
+            persistent_workers=workers > 0,
+            # its own generator: creating an iterator draws a worker base seed, which must not
+            # consume the global RNG that stochastic depth uses (a resumed run would drift)
+            generator=torch.Generator().manual_seed(seed),
+            progress=self._progress if trainer is not None else None,
+        )
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.split("val"), self.hparams.batch_size, False, MaskCollator(self.mask_sampler))
+        """Masked held-out batches; the masks are the same at every validation."""
+        dataset = SeededSamples(self.split("val"), self.sampling_seed())
+        return self._loader(dataset, self.hparams.batch_size, False, MaskCollator(self.mask_sampler))
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
