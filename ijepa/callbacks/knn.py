@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
 
@@ -31,6 +34,21 @@ def knn_scores(
         votes.scatter_add_(1, bank_labels[neighbours], (similarity / temperature).exp())
         scores.append(votes)
     return torch.cat(scores)
+
+
+def _shard(loader: DataLoader, rank: int, world: int) -> DataLoader:
+    """This rank's share of an evaluation loader: images ``rank, rank + world, ...``, padded with
+    the last image so every rank runs the same number of batches (the padding is dropped later)."""
+    size = len(loader.dataset)
+    per_rank = math.ceil(size / world)
+    indices = [min(j * world + rank, size - 1) for j in range(per_rank)]
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=indices, num_workers=loader.num_workers,
+                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
+
+
+def _unshard(gathered: torch.Tensor, size: int) -> torch.Tensor:
+    """``[world, per_rank, ...]`` from :func:`_shard`'s loaders -> ``[size, ...]`` in dataset order."""
+    return gathered.transpose(0, 1).flatten(0, 1)[:size]
 
 
 class KNNProbe(Callback):
@@ -68,19 +86,30 @@ class KNNProbe(Callback):
 
     @torch.no_grad()
     def extract(self, trainer: L.Trainer, pl_module: L.LightningModule, loader) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean-pooled features ``[N, D]`` and labels ``[N]`` of every labelled image in ``loader``."""
+        """Mean-pooled features ``[N, D]`` and labels ``[N]`` of every labelled image in ``loader``.
+
+        Under DDP each rank encodes every ``world_size``-th image and the features are gathered
+        back into the dataset's order, so every rank holds the same bank as a single process.
+        """
+        world, rank = trainer.world_size, trainer.global_rank
+        if world > 1:
+            loader = _shard(loader, rank, world)
         features, labels = [], []
         with trainer.precision_plugin.forward_context():
             for batch in loader:
-                keep = batch["labels"] >= 0
-                if not keep.any():
-                    continue
-                images = batch["images"][keep].to(pl_module.device, non_blocking=True)
+                images = batch["images"].to(pl_module.device, non_blocking=True)
                 features.append(pl_module.features(images, self.encoder).float())
-                labels.append(batch["labels"][keep].to(pl_module.device))
-        if not features:
+                labels.append(batch["labels"].to(pl_module.device))
+        features, labels = torch.cat(features), torch.cat(labels)
+        if world > 1:
+            # rank r holds images r, r + W, r + 2W, ...: interleave back, drop the padding
+            size = len(loader.dataset)
+            features = _unshard(pl_module.all_gather(features), size)
+            labels = _unshard(pl_module.all_gather(labels), size)
+        keep = labels >= 0  # unlabelled images never enter the bank or the queries
+        if not keep.any():
             raise ValueError("the k-NN loader yielded no labelled images (labels >= 0).")
-        return torch.cat(features), torch.cat(labels)
+        return features[keep], labels[keep]
 
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
         """Top-1 k-NN accuracy in [0, 1] of the current encoder."""

@@ -1,0 +1,54 @@
+"""A callback the DDP test adds to a 2-process run (``--trainer.callbacks+=ddp_checks.DDPChecks``):
+it compares the ranks at every step with ``all_gather`` and rank 0 writes what it saw to JSON."""
+
+import json
+from pathlib import Path
+
+import lightning as L
+import torch
+
+
+class DDPChecks(L.Callback):
+    def __init__(self, output: str):
+        self.output = output
+        self.images_differ, self.masks_differ, self.online_equal, self.target_equal = [], [], [], []
+        self.encoded = 0
+
+    def setup(self, trainer, pl_module, stage):
+        features = pl_module.features
+
+        def counting(images, encoder="target"):  # how many images this rank encodes for the probe
+            self.encoded += images.size(0)
+            return features(images, encoder)
+
+        pl_module.features = counting
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        sums = torch.stack([batch["images"].sum(), batch["context_indices"].float().sum(),
+                            (batch["target_indices"].float() * torch.arange(1, batch["target_indices"][0].numel() + 1).view(batch["target_indices"][0].shape)).sum()])
+        gathered = pl_module.all_gather(sums)  # [2, 3]
+        self.images_differ.append(bool(gathered[0, 0] != gathered[1, 0]))
+        self.masks_differ.append(bool((gathered[0, 1:] != gathered[1, 1:]).any()))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # runs after the optimizer step and after EMATargetUpdate (earlier in the callback list)
+        online = torch.cat([p.detach().flatten() for p in pl_module.encoder.parameters()])
+        target = torch.cat([p.detach().flatten() for p in pl_module.target_encoder.parameters()])
+        gathered_online, gathered_target = pl_module.all_gather(online), pl_module.all_gather(target)
+        self.online_equal.append(torch.equal(gathered_online[0], gathered_online[1]))
+        self.target_equal.append(torch.equal(gathered_target[0], gathered_target[1]))
+
+    def on_train_end(self, trainer, pl_module):
+        encoded = pl_module.all_gather(torch.tensor(self.encoded)).tolist()
+        if trainer.is_global_zero:
+            Path(self.output).write_text(json.dumps({
+                "world_size": trainer.world_size,
+                "steps": trainer.global_step,
+                "images_differ": self.images_differ,
+                "masks_differ": self.masks_differ,
+                "online_equal": self.online_equal,
+                "target_equal": self.target_equal,
+                "knn_top1": float(trainer.callback_metrics["val/knn_top1"]),
+                "val_loss": float(trainer.callback_metrics["val/loss"]),
+                "encoded_per_rank": encoded,
+            }))
