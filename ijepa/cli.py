@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.cli import LightningCLI
 
+from ijepa.checkpoint_io import AtomicCheckpointIO
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.module import IJEPA
 
@@ -30,9 +31,19 @@ class IJEPACLI(LightningCLI):
         # size): the model adapts the checkpoint to it on load (IJEPA.on_load_checkpoint).
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if not ckpt_path or not Path(ckpt_path).is_file():
+        if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry"):  # Lightning resolves these itself
             return
-        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        if not Path(ckpt_path).is_file():
+            raise FileNotFoundError(f"ckpt_path={ckpt_path!r} is not a file.")
+        try:
+            checkpoint = torch.load(ckpt_path, weights_only=True, map_location="cpu")
+        except Exception as error:  # truncated download, interrupted copy, not a checkpoint at all
+            raise ValueError(
+                f"cannot read ckpt_path={ckpt_path!r} ({type(error).__name__}: {error}); the file is truncated or "
+                f"not a Lightning checkpoint. Checkpoints are written atomically, so an earlier one in the same folder "
+                f"is intact."
+            ) from error
+        hparams = checkpoint.get("hyper_parameters", {})
         hparams = {k: v for k, v in hparams.items() if k not in ("image_size", "patch_size", "_instantiator")}
         if not hparams:
             return
@@ -43,9 +54,21 @@ class IJEPACLI(LightningCLI):
             raise
 
 
+def build_cli(args: list[str] | None = None, run: bool = True) -> IJEPACLI:
+    """The ``ijepa`` CLI: IJEPA + IJEPADataModule, checkpoints written atomically."""
+    return IJEPACLI(
+        IJEPA,
+        IJEPADataModule,
+        save_config_kwargs={"overwrite": True},
+        trainer_defaults={"plugins": [AtomicCheckpointIO()]},
+        args=args,
+        run=run,
+    )
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``ijepa`` console script and ``python -m ijepa``."""
-    IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
+    build_cli(args)
 
 
 if __name__ == "__main__":

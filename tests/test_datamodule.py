@@ -3,6 +3,7 @@ generated shapes, and argument validation. Everything is offline, tiny and singl
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -430,3 +431,50 @@ def test_impossible_masks_fail_at_setup():
     with pytest.raises(ValueError, match="min_keep"):
         dm.setup("fit")
     assert math.isfinite(dm.grid_size) and dm.grid_size == 2
+
+
+# --- unreadable and missing images ------------------------------------------------------------
+def break_files(root: Path) -> tuple[Path, Path]:
+    """Truncate one PNG and replace another with text; return both paths."""
+    truncated = root / FOLDER_CLASSES[0] / "img_01.png"
+    truncated.write_bytes(truncated.read_bytes()[:40])
+    garbage = root / FOLDER_CLASSES[1] / "img_02.png"
+    garbage.write_text("not an image")
+    return truncated, garbage
+
+
+def test_unreadable_image_is_an_error_naming_the_file_and_the_option(tmp_path):
+    write_image_folder(tmp_path, per_class=10)
+    truncated, _ = break_files(tmp_path)
+    dm = folder_module(tmp_path)
+    dm.setup("fit")
+    with pytest.raises(ValueError, match=f"unreadable image {truncated}.*data.bad_images=skip"):
+        for _ in dm.knn_train_dataloader():
+            pass
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_unreadable_images_are_skipped_and_counted_with_a_warning(tmp_path, num_workers):
+    write_image_folder(tmp_path, per_class=10)
+    break_files(tmp_path)
+    dm = folder_module(tmp_path, bad_images="skip", num_workers=num_workers)
+    dm.setup("fit")
+    with pytest.warns(UserWarning, match="skipping unreadable image") if num_workers == 0 else contextlib.nullcontext():
+        train_batches, knn_batches = list(dm.train_dataloader()), list(dm.knn_train_dataloader())
+    assert all(torch.isfinite(b["images"]).all() for b in train_batches + knn_batches)
+    # a skipped file is replaced by the next readable one: no short batches, no lost positions
+    assert sum(b["images"].size(0) for b in knn_batches) == len(dm.split("knn_train"))
+    if num_workers == 0:
+        base = dm.split("knn_train").dataset
+        assert len(base.skipped) == 2
+
+
+def test_empty_image_folder_names_data_root(tmp_path):
+    (tmp_path / "cats").mkdir()
+    with pytest.raises(FileNotFoundError, match=f"no images under data.root='{tmp_path}"):
+        folder_module(tmp_path).setup("fit")
+
+
+def test_unknown_bad_image_policy_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"bad_images must be one of \('error', 'skip'\)"):
+        IJEPADataModule(dataset="imagefolder", bad_images="ignore")

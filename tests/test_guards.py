@@ -60,3 +60,58 @@ def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(tmp_
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 2  # the step-2 checkpoint, untouched
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
+
+
+def test_truncated_or_missing_checkpoint_is_a_clear_error(tmp_path):
+    from pathlib import Path
+    from unittest import mock
+
+    from ijepa.cli import IJEPACLI
+    from ijepa.data import IJEPADataModule
+
+    model = IJEPA(**TINY_MODEL)
+    good = tmp_path / "good.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, good)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    config = str(Path(__file__).with_name("tiny.yaml"))
+
+    def validate(path):
+        with mock.patch("sys.argv", ["ijepa"]):
+            IJEPACLI(IJEPA, IJEPADataModule, args=["validate", "--config", config, f"--ckpt_path={path}",
+                                                   f"--trainer.default_root_dir={tmp_path}"])
+
+    with pytest.raises(ValueError, match=f"cannot read ckpt_path='{truncated}'.*truncated"):
+        validate(truncated)
+    with pytest.raises(FileNotFoundError, match="ckpt_path='.*missing.ckpt' is not a file"):
+        validate(tmp_path / "missing.ckpt")
+
+
+def test_checkpoints_are_written_atomically(tmp_path):
+    from ijepa.checkpoint_io import AtomicCheckpointIO
+
+    io = AtomicCheckpointIO()
+    path = tmp_path / "ckpt" / "last.ckpt"
+    io.save_checkpoint({"step": torch.tensor(1)}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("preempted while writing")
+
+    with pytest.raises(RuntimeError, match="preempted"):
+        io.save_checkpoint({"step": torch.tensor(2), "half": Unpicklable()}, path)
+    assert torch.load(path, weights_only=True)["step"] == 1  # the previous checkpoint survives whole
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no temporary left behind
+    io.save_checkpoint({"step": torch.tensor(3)}, path)
+    assert torch.load(path, weights_only=True)["step"] == 3
+
+
+def test_the_cli_writes_checkpoints_atomically(tmp_path):
+    from unittest import mock
+
+    from ijepa.checkpoint_io import AtomicCheckpointIO
+    from ijepa.cli import build_cli
+
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = build_cli([f"--trainer.default_root_dir={tmp_path}"], run=False)
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)

@@ -6,7 +6,12 @@ import torch.nn.functional as F
 from conftest import TINY_MODEL
 
 from ijepa.module import IJEPA
-from ijepa.nn import POSITION_EMBEDDINGS, VisionTransformer, build_position_embedding, sinusoidal_2d_grid
+from ijepa.nn import (
+    POSITION_EMBEDDINGS,
+    VisionTransformer,
+    build_position_embedding,
+    sinusoidal_2d_grid,
+)
 from ijepa.nn.resize import (
     interpolate_axis_table,
     interpolate_position_embedding,

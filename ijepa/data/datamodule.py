@@ -9,10 +9,15 @@ from pathlib import Path
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
-from torchvision import datasets
 from torchvision.transforms import v2
 
-from ijepa.data.sampling import EpochSampler, ResumableDataLoader, SeededSamples, mix_seed
+from ijepa.data.imagefolder import BAD_IMAGE_POLICIES, RobustImageFolder
+from ijepa.data.sampling import (
+    EpochSampler,
+    ResumableDataLoader,
+    SeededSamples,
+    mix_seed,
+)
 from ijepa.data.stl10 import STL10
 from ijepa.masks import MaskCollator, MultiBlockMaskSampler
 from ijepa.nn.patch import grid_size
@@ -50,7 +55,8 @@ class IJEPADataModule(L.LightningDataModule):
     * ``imagefolder``: ``root`` with class subfolders. If ``root/train`` and ``root/val`` (or
       ``root/test``) exist they are the two splits; otherwise (``root`` or ``root/train`` alone) a
       deterministic, class-balanced ``holdout_fraction`` of the images is held out for probing
-      and not pretrained on.
+      and not pretrained on. Unreadable files raise an error naming them, or with
+      ``bad_images="skip"`` are skipped with a warning.
     * ``shapes``: generated labelled shapes (:mod:`ijepa.data.shapes`), fully offline.
 
     Loaders: ``train_dataloader`` / ``val_dataloader`` / ``test_dataloader`` yield masked batches
@@ -85,6 +91,7 @@ class IJEPADataModule(L.LightningDataModule):
         shapes_num_objects: tuple[int, int] = (1, 1),
         shapes_radius: tuple[float, float] = (0.2, 0.42),
         seed: int = 0,
+        bad_images: str = "error",
     ):
         super().__init__()
         if dataset not in DATASETS:
@@ -94,6 +101,8 @@ class IJEPADataModule(L.LightningDataModule):
                 raise ValueError(f"{name} must be >= 1, got {value}.")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}.")
+        if bad_images not in BAD_IMAGE_POLICIES:
+            raise ValueError(f"bad_images must be one of {BAD_IMAGE_POLICIES}, got {bad_images!r}.")
         if not 0.0 < holdout_fraction < 1.0:
             raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}.")
         if crop_scale is not None and not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
@@ -175,13 +184,13 @@ class IJEPADataModule(L.LightningDataModule):
         if has_train and held_out is not None:
             folders = {"pretrain": (root / "train", train), "val": (held_out, evaluate),
                        "knn_train": (root / "train", evaluate), "knn_test": (held_out, evaluate)}
-            splits = {name: datasets.ImageFolder(str(path), transform=tf) for name, (path, tf) in folders.items()}
+            splits = {name: self._folder(path, tf) for name, (path, tf) in folders.items()}
             self.num_classes = len(splits["knn_train"].classes)
         else:
             # One folder (root, or root/train alone): hold out a fixed, class-balanced share.
             folder = str(root / "train") if has_train else str(root)
-            pretrain_set = datasets.ImageFolder(folder, transform=train)
-            eval_set = datasets.ImageFolder(folder, transform=evaluate)
+            pretrain_set = self._folder(folder, train)
+            eval_set = self._folder(folder, evaluate)
             train_idx, test_idx = holdout_split(pretrain_set.targets, self.hparams.holdout_fraction)
             if not test_idx or not train_idx:
                 raise ValueError(
@@ -192,6 +201,9 @@ class IJEPADataModule(L.LightningDataModule):
                       "knn_train": Subset(eval_set, train_idx), "knn_test": Subset(eval_set, test_idx)}
             self.num_classes = len(pretrain_set.classes)
         return splits
+
+    def _folder(self, path, transform: v2.Transform) -> RobustImageFolder:
+        return RobustImageFolder(str(path), transform=transform, bad_images=self.hparams.bad_images)
 
     def _shapes(self) -> dict[str, Dataset]:
         from ijepa.data.shapes import ShapesDataset
