@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from lightning.pytorch.cli import LightningCLI
 
-from ijepa.checkpoint_io import AtomicCheckpointIO
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.module import IJEPA
 
@@ -60,7 +59,7 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> IJEPACLI:
         IJEPA,
         IJEPADataModule,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"plugins": [AtomicCheckpointIO()]},
+        trainer_defaults={"plugins": [{"class_path": "ijepa.checkpoint_io.AtomicCheckpointIO"}]},
         args=args,
         run=run,
     )

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from ijepa.nn.checks import check_indices
 from torch.utils.data import default_collate
 
 
@@ -162,6 +164,9 @@ class MaskCollator:
             samples = [sample[:2] for sample in samples]
         images, labels = default_collate(samples)
         context_indices, target_indices = self.sampler(images.size(0), generator)
+        # The range check the model skips in its hot path, here on CPU tensors (no device sync).
+        check_indices(context_indices, self.sampler.num_patches, "context_indices")
+        check_indices(target_indices.flatten(1), self.sampler.num_patches, "target_indices")
         return {
             "images": images,
             "labels": labels,

@@ -1,0 +1,3 @@
+from ijepa.benchmark import main
+
+main()

@@ -1,0 +1,56 @@
+"""The benchmark script runs and its baseline computes the same loss as the model."""
+
+import json
+from pathlib import Path
+
+import torch
+from conftest import TINY_MODEL
+
+from ijepa.benchmark import main
+from ijepa.benchmark.baseline import SeedIJEPA, python_masks
+from ijepa.masks import MultiBlockMaskSampler
+from ijepa.module import IJEPA
+
+
+def test_benchmark_prints_a_table_and_one_json_line(capsys):
+    result = main(["--config", str(Path(__file__).with_name("tiny.yaml")), "--steps", "2", "--warmup", "1", "--mask-repeats", "5", "--knn-limit", "64"])
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("BENCHMARK "))
+    assert json.loads(line[len("BENCHMARK "):]) == json.loads(json.dumps(result))
+    for key in ("images_per_s", "baseline_images_per_s", "speedup", "flops_per_step", "peak_memory_mb",
+                "masks_per_s", "baseline_masks_per_s", "knn_seconds"):
+        assert result[key] > 0, key
+    assert abs(result["loss"] - result["baseline_loss"]) < 1e-5  # the same math
+    assert "training step (images/s)" in out
+
+
+def test_seed_style_baseline_matches_the_model_on_sincos_and_learned():
+    for pos in ("sincos", "learned"):
+        model = IJEPA(**{**TINY_MODEL, "pos_embed": pos, "predictor_pos_embed": pos})
+        sampler = MultiBlockMaskSampler(4, 3, (0.1, 0.2), min_keep=2)
+        context, targets = sampler(6, torch.Generator().manual_seed(1))
+        batch = {"images": torch.randn(6, 3, 32, 32), "context_indices": context, "target_indices": targets}
+        with torch.no_grad():
+            torch.testing.assert_close(SeedIJEPA(model).loss(batch), model.jepa_loss(batch), rtol=1e-5, atol=1e-6)
+
+
+def test_python_masks_are_valid():
+    context, targets = python_masks(5, 6, num_blocks=3, min_keep=4)
+    assert context.shape[0] == 5 and targets.shape[:2] == (5, 3) and context.shape[1] >= 4
+    for b in range(5):
+        assert not set(context[b].tolist()) & set(targets[b].flatten().tolist())
+
+
+def test_index_checks_are_off_in_the_step_unless_debugging():
+    from ijepa.nn.checks import index_checks_enabled
+
+    sampler = MultiBlockMaskSampler(4, 2, (0.1, 0.2), min_keep=2)
+    context, targets = sampler(2, torch.Generator().manual_seed(0))
+    batch = {"images": torch.randn(2, 3, 32, 32), "context_indices": context, "target_indices": targets}
+    for debug in (False, True):
+        model = IJEPA(**TINY_MODEL, debug_checks=debug)
+        seen = []
+        model.encoder.register_forward_pre_hook(lambda module, args: seen.append(index_checks_enabled()))
+        model.jepa_loss(batch)
+        assert seen == [debug]
+    assert index_checks_enabled()  # restored outside the step
