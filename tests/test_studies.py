@@ -25,3 +25,25 @@ def test_position_table_summarises_seeds(tmp_path, capsys):
     # mean and half-range: loss (0.2, 0.4) -> 0.3 ± 0.1; final 19.0 ± 1.0; gain (10, 6) -> 8.0 ± 2.0
     assert "| `sincos` | 2 | 0.3000 ± 0.1000 | 11.0 ± 1.0 | 19.0 ± 1.0 | 8.0 ± 2.0 |" in out
     assert out.index("`none`") < out.index("`sincos`")  # the documented order
+
+
+def test_export_images_writes_the_logged_image(tmp_path):
+    import torch
+    from PIL import Image
+
+    from ijepa.studies.export_images import main as export
+
+    writer = SummaryWriter(str(tmp_path / "run"))
+    first = torch.zeros(1, 3, 5)
+    last = torch.zeros(1, 3, 5)
+    last[0, 1, 2] = 1.0
+    writer.add_image("positions/encoder", first, 0)
+    writer.add_image("positions/encoder", last, 7)
+    writer.close()
+    out = export([str(tmp_path / "run"), "--tag", "positions/encoder", "--output", str(tmp_path / "x.png"), "--scale", "4"])
+    image = Image.open(out)
+    assert image.size == (20, 12)
+    assert image.convert("L").getpixel((2 * 4 + 1, 1 * 4 + 1)) == 255  # the bright cell, enlarged
+    assert image.convert("L").getpixel((0, 0)) == 0
+    with pytest.raises(ValueError, match="no image tag 'nope'"):
+        export([str(tmp_path / "run"), "--tag", "nope", "--output", str(tmp_path / "y.png")])
