@@ -2,7 +2,8 @@
 
 from ijepa.callbacks.collapse import CollapseMonitor, feature_std, rankme
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
-from ijepa.callbacks.knn import KNNProbe, knn_scores
+from ijepa.callbacks.knn import KNNProbe, extract_features, knn_scores
+from ijepa.callbacks.linear import LinearProbe, train_linear_classifier
 from ijepa.callbacks.position_images import PositionSimilarityImages
 from ijepa.callbacks.resolution import PositionEmbeddingInterpolation
 
@@ -10,10 +11,13 @@ __all__ = [
     "CollapseMonitor",
     "EMATargetUpdate",
     "KNNProbe",
+    "LinearProbe",
     "PositionEmbeddingInterpolation",
     "PositionSimilarityImages",
     "ema_update_",
+    "extract_features",
     "feature_std",
     "knn_scores",
     "rankme",
+    "train_linear_classifier",
 ]

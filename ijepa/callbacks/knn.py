@@ -51,6 +51,36 @@ def _unshard(gathered: torch.Tensor, size: int) -> torch.Tensor:
     return gathered.transpose(0, 1).flatten(0, 1)[:size]
 
 
+@torch.no_grad()
+def extract_features(
+    trainer: L.Trainer, pl_module: L.LightningModule, loader: DataLoader, encoder: str = "target"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean-pooled ``encoder`` features ``[N, D]`` and labels ``[N]`` of every labelled image in
+    ``loader`` (labels ``>= 0``).
+
+    Under DDP each rank encodes every ``world_size``-th image and the features are gathered back
+    into the dataset's order, so every rank holds what a single process would.
+    """
+    world, rank = trainer.world_size, trainer.global_rank
+    if world > 1:
+        loader = _shard(loader, rank, world)
+    features, labels = [], []
+    with trainer.precision_plugin.forward_context():
+        for batch in loader:
+            images = batch["images"].to(pl_module.device, non_blocking=True)
+            features.append(pl_module.features(images, encoder).float())
+            labels.append(batch["labels"].to(pl_module.device))
+    features, labels = torch.cat(features), torch.cat(labels)
+    if world > 1:
+        size = len(loader.dataset)
+        features = _unshard(pl_module.all_gather(features), size)
+        labels = _unshard(pl_module.all_gather(labels), size)
+    keep = labels >= 0  # unlabelled images never enter a probe
+    if not keep.any():
+        raise ValueError("the probe's loader yielded no labelled images (labels >= 0).")
+    return features[keep], labels[keep]
+
+
 class KNNProbe(Callback):
     """Score mean-pooled encoder features with a cosine-weighted k-NN classifier.
 
@@ -84,32 +114,10 @@ class KNNProbe(Callback):
         self.probe_at_start = probe_at_start
         self._last_probed_step: int | None = None
 
-    @torch.no_grad()
     def extract(self, trainer: L.Trainer, pl_module: L.LightningModule, loader) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean-pooled features ``[N, D]`` and labels ``[N]`` of every labelled image in ``loader``.
-
-        Under DDP each rank encodes every ``world_size``-th image and the features are gathered
-        back into the dataset's order, so every rank holds the same bank as a single process.
-        """
-        world, rank = trainer.world_size, trainer.global_rank
-        if world > 1:
-            loader = _shard(loader, rank, world)
-        features, labels = [], []
-        with trainer.precision_plugin.forward_context():
-            for batch in loader:
-                images = batch["images"].to(pl_module.device, non_blocking=True)
-                features.append(pl_module.features(images, self.encoder).float())
-                labels.append(batch["labels"].to(pl_module.device))
-        features, labels = torch.cat(features), torch.cat(labels)
-        if world > 1:
-            # rank r holds images r, r + W, r + 2W, ...: interleave back, drop the padding
-            size = len(loader.dataset)
-            features = _unshard(pl_module.all_gather(features), size)
-            labels = _unshard(pl_module.all_gather(labels), size)
-        keep = labels >= 0  # unlabelled images never enter the bank or the queries
-        if not keep.any():
-            raise ValueError("the k-NN loader yielded no labelled images (labels >= 0).")
-        return features[keep], labels[keep]
+        """Mean-pooled features ``[N, D]`` and labels ``[N]`` of the labelled images (see
+        :func:`extract_features`)."""
+        return extract_features(trainer, pl_module, loader, self.encoder)
 
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
         """Top-1 k-NN accuracy in [0, 1] of the current encoder."""

@@ -1,0 +1,55 @@
+"""The linear probe: separable features are classified, shuffled labels are not."""
+
+import lightning as L
+import pytest
+import torch
+from conftest import TINY_MODEL
+
+from ijepa.callbacks import LinearProbe, train_linear_classifier
+from ijepa.data import IJEPADataModule
+from ijepa.module import IJEPA
+
+
+CENTRES = torch.randn(5, 16, generator=torch.Generator().manual_seed(0)) * 3
+
+
+def separable(n, seed):
+    """Five well-separated Gaussian classes, offset from 0 (so standardisation matters)."""
+    labels = torch.arange(n) % 5
+    return CENTRES[labels] + 0.5 * torch.randn(n, 16, generator=torch.Generator().manual_seed(seed)) + 10.0, labels
+
+
+def accuracy(layer, x, y):
+    with torch.no_grad():
+        return (layer(x).argmax(1) == y).float().mean().item()
+
+
+def test_linearly_separable_features_are_classified_almost_perfectly():
+    x, y = separable(500, seed=1)
+    test_x, test_y = separable(500, seed=2)
+    layer = train_linear_classifier(x, y, 5)
+    assert accuracy(layer, x, y) > 0.99 and accuracy(layer, test_x, test_y) > 0.98
+
+
+def test_shuffled_labels_give_chance_on_held_out_data():
+    x, y = separable(600, seed=1)
+    shuffled = y[torch.randperm(600, generator=torch.Generator().manual_seed(3))]
+    layer = train_linear_classifier(x[:400], shuffled[:400], 5)
+    assert accuracy(layer, x[400:], shuffled[400:]) < 0.35  # chance is 0.2
+
+
+def test_probe_callback_reports_val_linear_top1(tmp_path):
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, num_workers=0, crop_scale=None,
+                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=200, shapes_val_size=100)
+    trainer = L.Trainer(callbacks=[LinearProbe(max_iter=50)], logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path, limit_val_batches=1)
+    metrics = trainer.validate(IJEPA(**TINY_MODEL), datamodule=data, verbose=False)[0]
+    assert 0.0 <= metrics["val/linear_top1"] <= 1.0
+    metrics = trainer.test(IJEPA(**TINY_MODEL), datamodule=data, verbose=False)[0]
+    assert "test/linear_top1" in metrics
+
+
+@pytest.mark.parametrize("kwargs, match", [({"every_n_epochs": 0}, "every_n_epochs"), ({"encoder": "ema"}, "encoder")])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LinearProbe(**kwargs)
