@@ -54,3 +54,13 @@ def test_index_checks_are_off_in_the_step_unless_debugging():
         model.jepa_loss(batch)
         assert seen == [debug]
     assert index_checks_enabled()  # restored outside the step
+
+
+def test_gpu_suite_runs_its_models_on_any_device(monkeypatch, capsys):
+    from ijepa.benchmark import gpu
+
+    tiny = str(Path(__file__).with_name("tiny.yaml"))
+    monkeypatch.setattr(gpu, "SUITE", {"tiny": (tiny, ["--data.batch_size=8"])})
+    results = gpu.main(["--device", "cpu", "--precision", "32-true", "--steps", "1", "--warmup", "1", "--peak-tflops", "1"])
+    assert results[0]["model"] == "tiny" and results[0]["batch_size"] == 8 and 0 < results[0]["mfu"] < 1
+    assert gpu.peak_tflops("NVIDIA H200") == 989.0 and gpu.peak_tflops("Mystery GPU") is None

@@ -1,4 +1,4 @@
-"""The benchmark: ``python -m ijepa.benchmark --config configs/quickstart.yaml``.
+"""The benchmark: ``python -m ijepa.benchmark --config configs/quickstart.yaml [--data.batch_size=64 ...]``.
 
 For one config it measures, on synthetic images of the config's size and masks from its own
 sampler (no dataset needed):
@@ -226,7 +226,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ijepa.benchmark", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
-    parser.add_argument("--override", nargs="*", default=[], help="CLI overrides, e.g. --override --data.batch_size=64")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--mask-repeats", type=int, default=50)
@@ -236,7 +235,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-baseline", dest="baseline", action="store_false")
     parser.add_argument("--no-knn", dest="knn", action="store_false")
     parser.add_argument("--knn-limit", type=int, default=None, help="cap bank and queries (quick runs)")
-    return parser.parse_args(argv)
+    args, overrides = parser.parse_known_args(argv)
+    bad = [o for o in overrides if not o.startswith(("--model.", "--data.", "--trainer."))]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)} (overrides must be --model.*, --data.* or --trainer.*)")
+    args.override = overrides
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
