@@ -58,7 +58,7 @@ def test_fit_writes_checkpoint_events_and_learns(fitted_run):
     # ViT Figure 7 of the (sin-cos) position tables, at each validation
     acc = EventAccumulator(str(version), size_guidance={"images": 0})
     acc.Reload()
-    assert {"positions/encoder", "positions/predictor"} <= set(acc.Tags()["images"])
+    assert {"positions/encoder", "positions/predictor", "jepa/masks", "jepa/loss_map"} <= set(acc.Tags()["images"])
     assert len(acc.Images("positions/encoder")) == 2
 
 

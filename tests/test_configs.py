@@ -25,7 +25,7 @@ def test_config_builds(config, tmp_path):
     assert data.hparams.patch_size == model.hparams.patch_size
     assert data.grid_size == model.encoder.grid_size
     callbacks = {type(cb).__name__ for cb in cli.trainer.callbacks}
-    assert {"EMATargetUpdate", "KNNProbe", "ModelCheckpoint", "PositionSimilarityImages", "PositionEmbeddingInterpolation", "CollapseMonitor"} <= callbacks
+    assert {"EMATargetUpdate", "KNNProbe", "ModelCheckpoint", "PositionSimilarityImages", "PositionEmbeddingInterpolation", "CollapseMonitor", "JEPAImages"} <= callbacks
 
 
 def test_there_are_the_documented_configs():

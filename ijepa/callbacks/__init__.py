@@ -2,6 +2,7 @@
 
 from ijepa.callbacks.collapse import CollapseMonitor, feature_std, rankme
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
+from ijepa.callbacks.jepa_images import JEPAImages, mask_overlay, position_loss_map
 from ijepa.callbacks.knn import KNNProbe, extract_features, knn_scores
 from ijepa.callbacks.linear import LinearProbe, train_linear_classifier
 from ijepa.callbacks.position_images import PositionSimilarityImages
@@ -10,6 +11,7 @@ from ijepa.callbacks.resolution import PositionEmbeddingInterpolation
 __all__ = [
     "CollapseMonitor",
     "EMATargetUpdate",
+    "JEPAImages",
     "KNNProbe",
     "LinearProbe",
     "PositionEmbeddingInterpolation",
@@ -18,6 +20,8 @@ __all__ = [
     "extract_features",
     "feature_std",
     "knn_scores",
+    "mask_overlay",
+    "position_loss_map",
     "rankme",
     "train_linear_classifier",
 ]

@@ -1,0 +1,61 @@
+"""TensorBoard pictures: the mask overlay marks exactly the sampled patches, the loss map sums
+back to the loss, and the callback logs them."""
+
+import lightning as L
+import pytest
+import torch
+from conftest import TINY_MODEL
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from ijepa.callbacks import JEPAImages, mask_overlay, position_loss_map
+from ijepa.callbacks.jepa_images import CONTEXT_COLOUR, TARGET_COLOURS
+from ijepa.data import IJEPADataModule
+from ijepa.masks import MultiBlockMaskSampler
+from ijepa.module import IJEPA
+
+
+def test_overlay_marks_exactly_the_sampled_patches():
+    patch, grid = 4, 5
+    images = torch.full((2, 3, grid * patch, grid * patch), 0.5)
+    context = torch.tensor([[0, 1, 7], [3, 4, 24]])
+    targets = torch.tensor([[[12, 13]], [[0, 5]]])
+    out = mask_overlay(images, context, targets, patch, alpha=0.5)
+    for b in range(2):
+        for index in range(grid * grid):
+            r, c = divmod(index, grid)
+            pixel = out[b, :, r * patch + 1, c * patch + 2]  # inside the patch
+            if index in targets[b, 0].tolist():
+                expected = 0.25 + 0.5 * torch.tensor(TARGET_COLOURS[0])
+            elif index in context[b].tolist():
+                expected = 0.25 + 0.5 * torch.tensor(CONTEXT_COLOUR)
+            else:
+                expected = torch.full((3,), 0.35 * 0.5)
+            torch.testing.assert_close(pixel, expected, msg=f"image {b}, patch {index}")
+
+
+def test_loss_map_sums_back_to_the_loss():
+    model = IJEPA(**TINY_MODEL)
+    context, targets = MultiBlockMaskSampler(4, 3, (0.1, 0.2), min_keep=2)(6, torch.Generator().manual_seed(0))
+    batch = {"images": torch.randn(6, 3, 32, 32), "context_indices": context, "target_indices": targets}
+    loss_sum, count = position_loss_map(model, batch)
+    assert loss_sum.shape == count.shape == (16,)
+    assert count.sum() == targets.numel()
+    with torch.no_grad():
+        assert float(loss_sum.sum() / count.sum()) == pytest.approx(float(model.jepa_loss(batch)), rel=1e-5)
+
+
+def test_callback_logs_images_and_histograms(tmp_path):
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=16, num_workers=0, crop_scale=None,
+                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=40, shapes_val_size=32)
+    logger = TensorBoardLogger(tmp_path, name="", version=0)
+    trainer = L.Trainer(callbacks=[JEPAImages(num_images=4)], logger=logger, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.validate(IJEPA(**{**TINY_MODEL, "pos_embed": "learned"}), datamodule=data, verbose=False)
+    logger.experiment.flush()
+    events = EventAccumulator(str(tmp_path / "version_0"), size_guidance={"images": 0, "histograms": 0})
+    events.Reload()
+    assert {"jepa/masks", "jepa/loss_map"} <= set(events.Tags()["images"])
+    assert {"hist/target_features", "hist/positions_encoder", "hist/positions_predictor"} <= set(events.Tags()["histograms"])
+    masks = events.Images("jepa/masks")[0]
+    assert (masks.width, masks.height) == (4 * 32 + 5 * 2, 32 + 2 * 2)  # make_grid of 4 images, padding 2
