@@ -33,12 +33,36 @@ class IJEPA(L.LightningModule):
     * loss: smooth L1 (or MSE) between the two; the target encoder follows the online encoder by
       EMA in :class:`ijepa.callbacks.EMATargetUpdate`, never by gradient.
 
-    Args mirror the official I-JEPA recipe: AdamW with linear warm-up then cosine learning rate
-    (``start_lr -> lr -> final_lr``) and a cosine weight-decay schedule
-    (``weight_decay -> final_weight_decay``), all functions of ``global_step``. ``compile``
-    wraps the encoders and predictor in ``torch.compile`` (state-dict keys unchanged);
-    ``debug_checks`` runs the host-syncing index range checks inside every step (off by
-    default: the indices come from the mask sampler, and the collator checks them on the CPU).
+    The schedules follow the official I-JEPA recipe: AdamW with linear warm-up then cosine
+    learning rate (``start_lr -> lr -> final_lr``) and a cosine weight-decay schedule
+    (``weight_decay -> final_weight_decay``), all functions of ``global_step``.
+
+    Args:
+        image_size: input side in pixels (linked from ``data.image_size`` by the CLI).
+        patch_size: patch side in pixels; ``image_size`` must be a multiple of it.
+        in_channels: image channels.
+        embed_dim: encoder width.
+        depth: encoder blocks.
+        num_heads: encoder attention heads (must divide ``embed_dim``).
+        mlp_ratio: MLP hidden width as a multiple of the block width.
+        drop_path_rate: stochastic-depth rate of the last block (linear from 0), encoder and predictor.
+        pos_embed: encoder position encoding: none, learned, learned_2d, sincos, rope_axial,
+            rope_mixed, peg or relative_bias (``docs/position_embeddings.md``).
+        predictor_embed_dim: predictor width.
+        predictor_depth: predictor blocks.
+        predictor_num_heads: predictor attention heads.
+        predictor_pos_embed: predictor position encoding (same names as ``pos_embed``).
+        loss: smooth_l1 (I-JEPA) or mse, on layer-normed target features.
+        lr: peak learning rate, reached after ``warmup_steps``.
+        start_lr: learning rate at step 0 (linear warm-up from it).
+        final_lr: learning rate at the last step (cosine decay to it).
+        warmup_steps: optimizer steps of linear warm-up.
+        weight_decay: AdamW weight decay at step 0 (not on biases, norms, position tables, mask token).
+        final_weight_decay: weight decay at the last step (cosine schedule).
+        betas: AdamW betas.
+        compile: wrap the encoders and predictor in ``torch.compile`` (state-dict keys unchanged).
+        debug_checks: run the host-syncing index range checks inside every step (off: the
+            indices come from the mask sampler and the collator checks them on the CPU).
     """
 
     def __init__(

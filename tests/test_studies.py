@@ -47,3 +47,13 @@ def test_export_images_writes_the_logged_image(tmp_path):
     assert image.convert("L").getpixel((0, 0)) == 0
     with pytest.raises(ValueError, match="no image tag 'nope'"):
         export([str(tmp_path / "run"), "--tag", "nope", "--output", str(tmp_path / "y.png")])
+
+
+def test_configuration_reference_matches_the_cli():
+    from pathlib import Path
+
+    from ijepa.studies.config_reference import reference
+
+    documented = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
+    assert documented == reference(), "regenerate: python -m ijepa.studies.config_reference > docs/configuration.md"
+    assert "| `model.pos_embed` |" in documented and "| `data.bad_images` |" in documented

@@ -64,6 +64,33 @@ class IJEPADataModule(L.LightningDataModule):
     ``predict_dataloader`` yield ``{"images", "labels"}`` with the evaluation transform.
     ``patch_size`` is linked from the model by the CLI, so the mask grid and the model's patch
     grid cannot disagree.
+
+    Args:
+        dataset: stl10, imagefolder or shapes.
+        root: dataset folder (stl10: the folder holding ``stl10_binary/``).
+        download: fetch STL-10 into ``root`` if it is missing.
+        image_size: side of the (square) training and evaluation images in pixels.
+        patch_size: patch side (linked from ``model.patch_size`` by the CLI).
+        batch_size: pretraining batch size per device.
+        num_workers: DataLoader worker processes (masks are sampled there).
+        pin_memory: pin host memory when a GPU is used.
+        crop_scale: RandomResizedCrop area range, or null for no crop (resize only).
+        horizontal_flip: random horizontal flips in pretraining.
+        num_target_blocks: target blocks per image (I-JEPA: 4).
+        target_scale: area range of a target block, as a fraction of the image.
+        target_aspect_ratio: height/width range of a target block.
+        context_scale: area range of the context block.
+        min_keep: fewest context patches left after removing the targets.
+        knn_batch_size: batch size of the probes' feature extraction.
+        holdout_fraction: share of each class held out for probing when a folder has no val split.
+        shapes_train_size: generated training images (shapes).
+        shapes_val_size: generated held-out images (shapes).
+        shapes_background: plain, noisy or busy (shapes).
+        shapes_num_objects: range of instances of the image's class per image (shapes).
+        shapes_radius: range of an object's radius as a fraction of the image side (shapes).
+        seed: seed of the generated data and, mixed with the run's seed, of order, augmentations
+            and masks.
+        bad_images: what to do with unreadable files of an image folder: error or skip.
     """
 
     def __init__(
