@@ -131,9 +131,17 @@ class MultiBlockMaskSampler:
         # Thin every context to the batch's smallest, choosing the dropped patches at random
         # (truncating a sorted list, as the official code does, would always drop the bottom rows).
         keep = int(context_masks.sum(1).min())
-        keys = torch.rand(batch_size, self.num_patches, generator=generator)
-        keys[~context_masks] = 2.0
-        context_indices = keys.argsort(dim=1)[:, :keep].sort(dim=1).values
+        keys = torch.rand(batch_size, self.num_patches, generator=generator, dtype=torch.float64)
+        keys.masked_fill_(~context_masks, 2.0)
+        # The `keep` smallest keys of each row, in index order: a k-th value threshold and
+        # nonzero() (row-major, hence sorted) instead of a full argsort + sort. float64 keys make
+        # a tie at the threshold practically impossible; if one happens, sort instead.
+        threshold = keys.kthvalue(keep, dim=1, keepdim=True).values
+        chosen = keys <= threshold
+        if int(chosen.sum()) == batch_size * keep:
+            context_indices = chosen.nonzero()[:, 1].view(batch_size, keep)
+        else:
+            context_indices = keys.argsort(dim=1)[:, :keep].sort(dim=1).values
         return context_indices, target_indices
 
     def check(self, tries: int = 8, batch_size: int = 64) -> None:

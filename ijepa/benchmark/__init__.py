@@ -165,12 +165,9 @@ def run(args: argparse.Namespace) -> dict:
     mask_times = time_calls(lambda i: sampler(hp.batch_size, generator), 2, args.mask_repeats, torch.device("cpu"))
     result["masks_per_s"] = hp.batch_size / statistics.median(mask_times)
     if args.baseline:
-        import random
-
-        rng = random.Random(0)
         settings = dict(num_blocks=sampler.num_target_blocks, target_scale=sampler.target_scale,
                         target_aspect_ratio=sampler.target_aspect_ratio, context_scale=sampler.context_scale,
-                        min_keep=sampler.min_keep, rng=rng)
+                        min_keep=sampler.min_keep, generator=torch.Generator().manual_seed(0))
         py_times = time_calls(lambda i: python_masks(hp.batch_size, sampler.grid_size, **settings), 1,
                               max(3, args.mask_repeats // 10), torch.device("cpu"))
         result["baseline_masks_per_s"] = hp.batch_size / statistics.median(py_times)

@@ -10,8 +10,6 @@ sampler that builds each image's blocks with Python loops.
 from __future__ import annotations
 
 import math
-import random
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -163,35 +161,43 @@ def python_masks(
     target_aspect_ratio: tuple[float, float] = (0.75, 1.5),
     context_scale: tuple[float, float] = (0.85, 1.0),
     min_keep: int = 4,
-    rng: random.Random | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample Python mask sampling (the official/seed style): blocks as lists of indices built
-    in nested loops, the context as a set difference, then truncated to the batch minimum."""
-    rng = rng or random.Random(0)
-    n = grid_size * grid_size
+    """Per-sample mask sampling the way the official I-JEPA collator does it: for every image and
+    every block a fresh ``[G, G]`` tensor, a ``torch.randint`` corner, ``torch.nonzero``; the
+    context restricted by multiplying with each target's complement; lists truncated to the
+    batch minimum at the end."""
+    generator = generator or torch.Generator().manual_seed(0)
 
     def shape(scale, aspect_range):
-        area = n * rng.uniform(*scale)
-        aspect = rng.uniform(*aspect_range)
+        u = torch.rand(2, generator=generator)
+        area = grid_size * grid_size * (scale[0] + float(u[0]) * (scale[1] - scale[0]))
+        aspect = aspect_range[0] + float(u[1]) * (aspect_range[1] - aspect_range[0])
         h = min(max(round(math.sqrt(area * aspect)), 1), grid_size)
         w = min(max(round(math.sqrt(area / aspect)), 1), grid_size)
         return h, w
 
-    def block(h, w):
-        top, left = rng.randint(0, grid_size - h), rng.randint(0, grid_size - w)
-        return [r * grid_size + c for r in range(top, top + h) for c in range(left, left + w)]
+    def block_mask(h, w, acceptable=None):
+        while True:
+            top = int(torch.randint(0, grid_size - h + 1, (1,), generator=generator))
+            left = int(torch.randint(0, grid_size - w + 1, (1,), generator=generator))
+            mask = torch.zeros((grid_size, grid_size), dtype=torch.int32)
+            mask[top : top + h, left : left + w] = 1
+            if acceptable is not None:
+                for region in acceptable:
+                    mask *= region
+            indices = torch.nonzero(mask.flatten()).squeeze(-1)
+            if acceptable is None or len(indices) >= min_keep:
+                complement = torch.ones((grid_size, grid_size), dtype=torch.int32)
+                complement[top : top + h, left : left + w] = 0
+                return indices, complement
 
-    th, tw = shape(target_scale, target_aspect_ratio)
-    ch, cw = shape(context_scale, (1.0, 1.0))
+    target_hw, context_hw = shape(target_scale, target_aspect_ratio), shape(context_scale, (1.0, 1.0))
     contexts, targets = [], []
     for _ in range(batch_size):
-        while True:
-            blocks = [block(th, tw) for _ in range(num_blocks)]
-            covered = set().union(*blocks)
-            context = sorted(set(block(ch, cw)) - covered)
-            if len(context) >= min_keep:
-                break
+        blocks, complements = zip(*(block_mask(*target_hw) for _ in range(num_blocks)))
+        context, _ = block_mask(*context_hw, acceptable=complements)
         contexts.append(context)
-        targets.append(blocks)
+        targets.append(torch.stack(blocks))
     keep = min(len(c) for c in contexts)
-    return torch.tensor([c[:keep] for c in contexts]), torch.tensor(targets)
+    return torch.stack([c[:keep] for c in contexts]), torch.stack(targets)
