@@ -64,3 +64,13 @@ def test_gpu_suite_runs_its_models_on_any_device(monkeypatch, capsys):
     results = gpu.main(["--device", "cpu", "--precision", "32-true", "--steps", "1", "--warmup", "1", "--peak-tflops", "1"])
     assert results[0]["model"] == "tiny" and results[0]["batch_size"] == 8 and 0 < results[0]["mfu"] < 1
     assert gpu.peak_tflops("NVIDIA H200") == 989.0 and gpu.peak_tflops("Mystery GPU") is None
+
+
+def test_compile_switch_compiles_in_place_and_keeps_checkpoint_keys():
+    plain = IJEPA(**TINY_MODEL)
+    model = IJEPA(**TINY_MODEL, compile=True)
+    model.configure_model()
+    model.configure_model()  # idempotent: Lightning may call it again
+    for network in (model.encoder, model.target_encoder, model.predictor):
+        assert network._compiled_call_impl is not None
+    assert list(model.state_dict()) == list(plain.state_dict())  # no _orig_mod. prefixes
