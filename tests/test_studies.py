@@ -57,3 +57,10 @@ def test_configuration_reference_matches_the_cli():
     documented = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
     assert documented == reference(), "regenerate: python -m ijepa.studies.config_reference > docs/configuration.md"
     assert "| `model.pos_embed` |" in documented and "| `data.bad_images` |" in documented
+
+
+def test_position_table_leaves_out_unfinished_runs(tmp_path, capsys):
+    write_run(tmp_path, "pos_peg_s0", [0.3] * 5, [(0, 0.10), (599, 0.20)])
+    write_run(tmp_path, "pos_peg_s1", [0.3] * 5, [(0, 0.10), (299, 0.15)])  # still running
+    rows = position_table([str(tmp_path)])
+    assert len(rows["peg"]) == 1

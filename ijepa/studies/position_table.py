@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> dict:
         versions = sorted((run / "lightning_logs").glob("version_*"))
         if match and versions:
             rows[match.group(1)].append(run_summary(versions[-1]))
+    # a run still in progress (or stopped early) would bias its row: keep complete runs only
+    final_step = max((r["steps"] for runs in rows.values() for r in runs), default=0)
+    for name in list(rows):
+        rows[name] = [r for r in rows[name] if r["steps"] == final_step]
+        if not rows[name]:
+            del rows[name]
     print("| encoder `pos_embed` | seeds | final `train/loss` | `val/knn_top1` step 0 (%) | final (%) | gain (points) |")
     print("|---|---|---|---|---|---|")
     for name in [t for t in TYPES if t in rows]:
