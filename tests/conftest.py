@@ -7,6 +7,7 @@ def _seed_and_threads():
     """Every test starts from the same RNG state; two threads keep CI machines comparable."""
     torch.manual_seed(0)
     torch.set_num_threads(2)
+    torch.set_flush_denormal(False)  # IJEPA.setup turns it on process-wide; start every test from the default
     yield
 
 
