@@ -114,10 +114,9 @@ class IJEPA(L.LightningModule):
         )
 
     def setup(self, stage: str) -> None:
-        # AdamW's second moments and the EMA drift into denormal floats on CPU, where each
-        # denormal operation costs ~100x; flushing them to zero is invisible in the results
-        # (values below 1e-38) and measured ~20% faster on the quickstart (docs/benchmarks.md).
-        # No effect on GPUs, which flush by default.
+        # Denormal floats (below 1e-38, e.g. in AdamW's second moments) are very slow on CPU;
+        # flushing them to zero does not change results. Its speed gain is not yet measured on
+        # an idle machine (one contended profile suggested one; see docs/benchmarks.md).
         torch.set_flush_denormal(True)
 
     def configure_model(self) -> None:
