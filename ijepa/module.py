@@ -52,6 +52,9 @@ class IJEPA(L.LightningModule):
         predictor_depth: predictor blocks.
         predictor_num_heads: predictor attention heads.
         predictor_pos_embed: predictor position encoding (same names as ``pos_embed``).
+        predictor_mode: per_block (official: one sequence per target block, context repeated) or
+            one_pass (all blocks in one sequence under a block attention mask; the context no
+            longer attends to the queries; faster, different math: ``docs/benchmarks.md``).
         loss: smooth_l1 (I-JEPA) or mse, on layer-normed target features.
         lr: peak learning rate, reached after ``warmup_steps``.
         start_lr: learning rate at step 0 (linear warm-up from it).
@@ -80,6 +83,7 @@ class IJEPA(L.LightningModule):
         predictor_depth: int = 6,
         predictor_num_heads: int = 3,
         predictor_pos_embed: str = "sincos",
+        predictor_mode: str = "per_block",
         loss: str = "smooth_l1",
         lr: float = 1e-3,
         start_lr: float = 2e-4,
@@ -110,7 +114,7 @@ class IJEPA(L.LightningModule):
         self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
         self.predictor = Predictor(
             self.encoder.grid_size, embed_dim, predictor_embed_dim, predictor_depth, predictor_num_heads,
-            mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=predictor_pos_embed,
+            mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=predictor_pos_embed, mode=predictor_mode,
         )
 
     def setup(self, stage: str) -> None:
@@ -133,11 +137,12 @@ class IJEPA(L.LightningModule):
         return self
 
     @torch.no_grad()
-    def features(self, images: torch.Tensor, encoder: str = "target") -> torch.Tensor:
+    def features(self, images: torch.Tensor, encoder: str = "target", last_blocks: int = 1) -> torch.Tensor:
         """Mean-pooled features of all patches, ``[B, C, H, W] -> [B, D]``, from the ``target``
-        (default) or ``online`` encoder."""
+        (default) or ``online`` encoder; with ``last_blocks=n`` the pooled, normed outputs of the
+        last n blocks concatenated, ``[B, n*D]``."""
         network = self.target_encoder if encoder == "target" else self.encoder
-        return network(images).mean(dim=1)
+        return network.pooled_features(images, last_blocks)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Target-encoder features of every patch, ``[B, C, H, W] -> [B, N, D]``."""

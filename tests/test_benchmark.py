@@ -18,7 +18,7 @@ def test_benchmark_prints_a_table_and_one_json_line(capsys):
     line = next(l for l in out.splitlines() if l.startswith("BENCHMARK "))
     assert json.loads(line[len("BENCHMARK "):]) == json.loads(json.dumps(result))
     for key in ("images_per_s", "baseline_images_per_s", "speedup", "flops_per_step", "peak_memory_mb",
-                "masks_per_s", "baseline_masks_per_s", "knn_seconds"):
+                "masks_per_s", "baseline_masks_per_s", "knn_seconds", "worker_images_per_s", "one_pass_images_per_s"):
         assert result[key] > 0, key
     assert abs(result["loss"] - result["baseline_loss"]) < 1e-5  # the same math
     assert "training step (images/s)" in out
@@ -74,3 +74,18 @@ def test_compile_switch_compiles_in_place_and_keeps_checkpoint_keys():
     for network in (model.encoder, model.target_encoder, model.predictor):
         assert network._compiled_call_impl is not None
     assert list(model.state_dict()) == list(plain.state_dict())  # no _orig_mod. prefixes
+
+
+def test_fit_loop_splits_step_and_data_wait(capsys):
+    from ijepa.benchmark import fit_loop
+
+    result = fit_loop.main(["--config", str(Path(__file__).with_name("tiny.yaml")), "--steps", "6", "--warmup", "2"])
+    assert result["steps_timed"] == 4 and result["step_ms"] > 0 and result["data_wait_ms"] >= 0
+    assert 0 <= result["data_wait_fraction"] < 1 and result["images_per_s"] > 0
+    assert "FITLOOP " in capsys.readouterr().out
+
+
+def test_benchmark_times_the_one_pass_predictor_separately(capsys):
+    result = main(["--config", str(Path(__file__).with_name("tiny.yaml")), "--steps", "1", "--warmup", "1",
+                   "--mask-repeats", "2", "--no-knn", "--no-baseline"])
+    assert result["one_pass_images_per_s"] > 0 and "one-pass predictor" in capsys.readouterr().out

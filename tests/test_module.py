@@ -37,6 +37,22 @@ def test_loss_target_branch_has_no_gradient():
     assert all(p.grad is not None for p in model.predictor.parameters())
 
 
+@pytest.mark.parametrize("predictor_mode", ["per_block", "one_pass"])
+def test_both_predictor_modes_train(predictor_mode):
+    torch.manual_seed(0)
+    model = IJEPA(**TINY_MODEL, predictor_mode=predictor_mode)
+    optimizer = model.build_optimizer()
+    batch = next(iter(random_loader()))
+    losses = []
+    for _ in range(5):  # the same batch: the loss must fall
+        loss = model.jepa_loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
 def test_online_encoder_never_sees_a_target_patch():
     model = IJEPA(**TINY_MODEL).eval()
     batch = next(iter(random_loader(batch_size=2)))

@@ -4,7 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ijepa.nn import Attention, AttentionPositions, Block, Predictor, VisionTransformer, apply_rotary
+from ijepa.nn import (
+    Attention,
+    AttentionPositions,
+    Block,
+    Predictor,
+    VisionTransformer,
+    apply_rotary,
+)
 
 
 def make_encoder(**overrides):
@@ -176,3 +183,90 @@ def test_predictor_errors():
         predictor(context, ci[:, :2], torch.tensor([[5], [6]]))
     with pytest.raises(ValueError, match=r"context must have shape \[B, Kc, 32\]"):
         predictor(torch.randn(2, 3, 16), ci, torch.tensor([[5], [6]]))
+
+
+# --- the one-pass predictor ------------------------------------------------------------------
+from ijepa.nn.position import POSITION_EMBEDDINGS
+from ijepa.nn.predictor import block_attention_mask
+
+ONE_PASS_TYPES = [name for name in POSITION_EMBEDDINGS if name != "peg"]
+
+
+def test_block_attention_mask_structure():
+    mask = block_attention_mask(num_context=2, num_blocks=2, num_targets=3)
+    c, b1, b2 = [0, 1], [2, 3, 4], [5, 6, 7]
+    assert mask.shape == (8, 8) and mask.dtype == torch.bool
+    assert mask[:, c].all()                       # everyone sees the context
+    assert not mask[c][:, b1 + b2].any()          # the context sees no query
+    assert mask[b1][:, b1].all() and mask[b2][:, b2].all()
+    assert not mask[b1][:, b2].any() and not mask[b2][:, b1].any()
+
+
+def _one_pass_inputs(seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    context = torch.randn(2, 5, 32, generator=generator)
+    context_indices = torch.tensor([[0, 1, 2, 3, 4], [11, 12, 13, 14, 15]])
+    # blocks may overlap each other (as I-JEPA's target blocks do): block 1 and 2 share patch 9
+    targets = torch.tensor([[[8, 9], [9, 10], [5, 6]], [[0, 1], [4, 5], [1, 2]]])
+    return context, context_indices, targets
+
+
+@pytest.mark.parametrize("pos_embed", ONE_PASS_TYPES)
+def test_one_pass_predicts_each_block_as_if_alone(pos_embed):
+    torch.manual_seed(0)
+    predictor = Predictor(4, 32, 16, depth=2, num_heads=2, pos_embed=pos_embed, mode="one_pass").eval()
+    if pos_embed in ("learned", "learned_2d", "relative_bias"):
+        with torch.no_grad():  # non-zero tables, so positions matter
+            for p in predictor.position.parameters():
+                p.normal_()
+    context, context_indices, targets = _one_pass_inputs()
+    together = predictor(context, context_indices, targets)
+    assert together.shape == (2, 3, 2, 32)
+    for block in range(targets.size(1)):
+        alone = predictor(context, context_indices, targets[:, block])
+        torch.testing.assert_close(together[:, block], alone, atol=2e-6, rtol=1e-5)
+
+
+def test_one_pass_equals_per_block_at_depth_one_and_differs_deeper():
+    # With one block of layers the context's hidden state enters only as keys/values computed
+    # from the inputs, so the two modes are the same function; deeper, the per-block context
+    # has attended to the queries and the modes differ.
+    context, context_indices, targets = _one_pass_inputs()
+    for depth, same in ((1, True), (2, False)):
+        torch.manual_seed(0)
+        per_block = Predictor(4, 32, 16, depth=depth, num_heads=2).eval()
+        one_pass = Predictor(4, 32, 16, depth=depth, num_heads=2, mode="one_pass").eval()
+        with torch.no_grad():  # O(1) weights: at init the context's change is below float noise
+            for p in per_block.parameters():
+                p.normal_(0, 0.3)
+        one_pass.load_state_dict(per_block.state_dict())
+        a, b = per_block(context, context_indices, targets), one_pass(context, context_indices, targets)
+        assert torch.allclose(a, b, atol=1e-5) == same
+
+
+def test_one_pass_gradients_and_errors():
+    predictor = Predictor(4, 32, 16, depth=2, num_heads=2, pos_embed="rope_mixed", mode="one_pass")
+    context, context_indices, targets = _one_pass_inputs()
+    context.requires_grad_(True)
+    predictor(context, context_indices, targets).square().mean().backward()
+    assert context.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in predictor.parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match="predictor mode must be one of"):
+        Predictor(4, 32, 16, num_heads=2, mode="joint")
+    with pytest.raises(ValueError, match="acts per token, not 'peg'"):
+        Predictor(4, 32, 16, num_heads=2, pos_embed="peg", mode="one_pass")
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_block_layout_attention_equals_the_masked_attention(with_bias):
+    from ijepa.nn import BlockLayout, block_layout_attention
+
+    generator = torch.Generator().manual_seed(0)
+    batch, heads, c, m, t, hd = 3, 2, 5, 3, 4, 8
+    k_len = c + m * t
+    q, k, v = (torch.randn(batch, heads, k_len, hd, generator=generator) for _ in range(3))
+    bias = torch.randn(batch, heads, k_len, k_len, generator=generator) if with_bias else None
+    mask = block_attention_mask(c, m, t)
+    masked_bias = mask if bias is None else bias.masked_fill(~mask, float("-inf"))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=masked_bias)
+    torch.testing.assert_close(block_layout_attention(q, k, v, BlockLayout(c, m, t), bias), expected, atol=1e-6, rtol=1e-5)

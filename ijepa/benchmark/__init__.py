@@ -6,11 +6,16 @@ sampler (no dataset needed):
 * training-step throughput in images/s: forward, backward, AdamW step and EMA update, median
   over ``--steps`` steps after ``--warmup``; the same for the seed-style baseline
   (:mod:`ijepa.benchmark.baseline`) with the same weights, after checking both give the same
-  loss on one batch;
+  loss on one batch. The variants are timed in interleaved rounds (``--rounds``), so a change
+  in the machine's speed during the run hits all of them alike;
 * model FLOPs per step (``torch.utils.flop_counter``) and, on a GPU, model FLOP utilisation
   against ``--peak-tflops``;
 * peak memory (CUDA allocator, or the process's peak RSS on CPU);
+* the same step with the one-pass predictor (``model.predictor_mode=one_pass``), an option that
+  changes the math, reported on its own line;
 * mask sampling in masks/s on one process, ours and per-sample Python;
+* what one DataLoader worker delivers in images/s (augmentation under per-sample seeding, then
+  collation with masks), against the training step's images/s;
 * the k-NN probe's time (encode bank + queries, vote) at the dataset's sizes.
 
 It prints a table and one JSON line (``BENCHMARK {...}``). Figures are for comparison within one
@@ -78,6 +83,43 @@ def synthetic_batches(datamodule, count: int, device: torch.device, seed: int = 
     return batches
 
 
+class _RandomImages(torch.utils.data.Dataset):
+    """``count`` random uint8 images ``[3, size, size]`` through ``transform``, label 0."""
+
+    def __init__(self, count: int, size: int, transform):
+        self.images = torch.randint(0, 256, (count, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int):
+        from torchvision import tv_tensors
+
+        return self.transform(tv_tensors.Image(self.images[index])), 0
+
+
+def worker_images_per_s(datamodule, repeats: int = 3) -> float:
+    """Images/s one DataLoader worker delivers: the config's training augmentation under per-sample
+    seeding, then collation with mask sampling, for whole batches, on one thread (as a worker
+    runs). Source images are uint8 at the model's image size (STL-10's own 96 px); decoding
+    files, as an image folder would, is not included."""
+    from ijepa.data.sampling import SeededSamples
+    from ijepa.masks import MaskCollator
+
+    hp = datamodule.hparams
+    dataset = SeededSamples(_RandomImages(hp.batch_size, hp.image_size, datamodule.train_transform()), seed=0)
+    collate = MaskCollator(datamodule.mask_sampler)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = time_calls(lambda epoch: collate([dataset[(i, epoch)] for i in range(hp.batch_size)]), 1, repeats,
+                           torch.device("cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    return hp.batch_size / statistics.median(times)
+
+
 def step_flops(loss_fn, batch) -> int:
     """Model FLOPs of one forward + backward (``torch.utils.flop_counter``)."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -132,16 +174,16 @@ def run(args: argparse.Namespace) -> dict:
             return step_flops(loss_fn, batches[0])
 
     model.setup("fit")  # what Lightning does before training (CPU: flush denormals)
-    result["flops_per_step"] = with_flops(model.jepa_loss)
+    result["flops_per_step"] = with_flops(model.jepa_loss)  # eager: the counter does not see compiled kernels
+    model.configure_model()  # model.compile=true compiles here, as under Lightning
+    result["compiled"] = bool(model.hparams.compile)
     optimizer.zero_grad(set_to_none=True)
-    times = time_calls(ours, args.warmup, args.steps, device)
-    result["images_per_s"] = hp.batch_size / statistics.median(times)
-    result["peak_memory_mb"] = peak_memory_mb(device)
-    achieved = result["flops_per_step"] / statistics.median(times)
-    result["achieved_tflops"] = achieved / 1e12
-    if args.peak_tflops:
-        result["mfu"] = achieved / (args.peak_tflops * 1e12)
 
+    # Each variant: (step function, flush denormals, predictor mode). The one-pass predictor is an
+    # option that changes the math and is reported on its own line.
+    variants = {"ours": (ours, True, "per_block")}
+    if args.one_pass and model.predictor.mode == "per_block" and model.hparams.predictor_pos_embed != "peg":
+        variants["one_pass"] = (ours, True, "one_pass")
     if baseline is not None:
         base_optimizer = torch.optim.AdamW([p for p in baseline.parameters() if p.requires_grad], lr=1e-4, foreach=False)
 
@@ -153,12 +195,50 @@ def run(args: argparse.Namespace) -> dict:
             base_optimizer.step()
             baseline.ema_update(0.996)
 
-        torch.set_flush_denormal(False)  # the seed-style code leaves torch's default
-        base_times = time_calls(seed_style, args.warmup, args.steps, device)
-        torch.set_flush_denormal(True)
-        result["baseline_images_per_s"] = hp.batch_size / statistics.median(base_times)
-        result["speedup"] = result["images_per_s"] / result["baseline_images_per_s"]
-        del baseline, base_optimizer
+        variants["baseline"] = (seed_style, False, None)  # the seed-style code leaves torch's default
+
+    def timed(name: str, warmup: int, steps: int) -> list[float]:
+        step, flush, mode = variants[name]
+        torch.set_flush_denormal(flush)
+        model.predictor.mode = mode or "per_block"
+        try:
+            return time_calls(step, warmup, steps, device)
+        finally:
+            model.predictor.mode = "per_block"
+            torch.set_flush_denormal(True)
+
+    # Warm-up (ours first, so the peak memory is ours alone), then interleaved rounds, so that
+    # drift in the machine's speed hits every variant alike.
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = {"ours": timed("ours", args.warmup, 0)}
+    result["peak_memory_mb"] = peak_memory_mb(device)
+    for name in variants:
+        times[name] = timed(name, args.warmup if name != "ours" else 0, 0)
+    per_round = max(1, -(-args.steps // args.rounds))
+    for _ in range(args.rounds):
+        for name in variants:
+            times[name] += timed(name, 0, per_round)
+    median = {name: statistics.median(values) for name, values in times.items()}
+    result["steps_timed"] = len(times["ours"])
+    result["images_per_s"] = hp.batch_size / median["ours"]
+    achieved = result["flops_per_step"] / median["ours"]
+    result["achieved_tflops"] = achieved / 1e12
+    if args.peak_tflops:
+        result["mfu"] = achieved / (args.peak_tflops * 1e12)
+    if "one_pass" in median:
+        result["one_pass_images_per_s"] = hp.batch_size / median["one_pass"]
+    if "baseline" in median:
+        result["baseline_images_per_s"] = hp.batch_size / median["baseline"]
+        result["speedup"] = median["baseline"] / median["ours"]
+        if "one_pass" in median:
+            result["one_pass_speedup"] = median["baseline"] / median["one_pass"]
+        del baseline, base_optimizer, variants
+
+    # --- data loading: what one DataLoader worker delivers ---------------------------------------
+    if args.data:
+        result["worker_images_per_s"] = worker_images_per_s(datamodule, args.data_repeats)
+        result["worker_per_training_image"] = result["worker_images_per_s"] / result["images_per_s"]
 
     # --- mask sampling (one process) --------------------------------------------------------------
     sampler, generator = datamodule.mask_sampler, torch.Generator().manual_seed(0)
@@ -202,6 +282,10 @@ def format_table(result: dict) -> str:
         rows += [("  seed-style baseline (images/s)", f"{result['baseline_images_per_s']:.1f}"),
                  ("  speedup", f"{result['speedup']:.2f}x"),
                  ("  loss, ours / baseline (same weights, one batch)", f"{result['loss']:.6f} / {result['baseline_loss']:.6f}")]
+    if "one_pass_images_per_s" in result:
+        rows.append(("one-pass predictor, different math (images/s)", f"{result['one_pass_images_per_s']:.1f}"))
+        if "one_pass_speedup" in result:
+            rows.append(("  speedup over the baseline", f"{result['one_pass_speedup']:.2f}x"))
     rows += [("model GFLOPs per step (fwd + bwd)", f"{result['flops_per_step'] / 1e9:.1f}"),
              ("achieved TFLOP/s", f"{result['achieved_tflops']:.3f}")]
     if "mfu" in result:
@@ -212,6 +296,9 @@ def format_table(result: dict) -> str:
         rows += [("  per-sample Python (masks/s)", f"{result['baseline_masks_per_s']:.0f}"),
                  ("  speedup", f"{result['mask_speedup']:.1f}x")]
     rows.append(("masks/s per training image/s", f"{result['masks_per_training_image']:.1f}x"))
+    if "worker_images_per_s" in result:
+        rows += [("data loading, one worker (images/s: augment + masks)", f"{result['worker_images_per_s']:.0f}"),
+                 ("  per training image/s", f"{result['worker_per_training_image']:.2f}x")]
     if "knn_seconds" in result:
         rows.append((f"k-NN probe ({result['knn_bank']} bank + {result['knn_queries']} queries, s)", f"{result['knn_seconds']:.2f}"))
     width = max(len(name) for name, _ in rows)
@@ -223,7 +310,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ijepa.benchmark", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant, over --rounds rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of ours / one-pass / baseline")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--mask-repeats", type=int, default=50)
     parser.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true")
@@ -231,6 +319,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for MFU")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false")
     parser.add_argument("--no-knn", dest="knn", action="store_false")
+    parser.add_argument("--no-data", dest="data", action="store_false", help="skip timing one DataLoader worker")
+    parser.add_argument("--data-repeats", type=int, default=3)
+    parser.add_argument("--no-one-pass", dest="one_pass", action="store_false",
+                        help="skip timing the one-pass predictor option (model.predictor_mode=one_pass)")
     parser.add_argument("--knn-limit", type=int, default=None, help="cap bank and queries (quick runs)")
     args, overrides = parser.parse_known_args(argv)
     bad = [o for o in overrides if not o.startswith(("--model.", "--data.", "--trainer."))]

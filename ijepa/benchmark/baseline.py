@@ -166,7 +166,8 @@ def python_masks(
     """Per-sample mask sampling the way the official I-JEPA collator does it: for every image and
     every block a fresh ``[G, G]`` tensor, a ``torch.randint`` corner, ``torch.nonzero``; the
     context restricted by multiplying with each target's complement; lists truncated to the
-    batch minimum at the end."""
+    batch minimum at the end. Where the official loop would retry forever (targets leaving fewer
+    than ``min_keep`` context patches), the targets are redrawn after 20 tries."""
     generator = generator or torch.Generator().manual_seed(0)
 
     def shape(scale, aspect_range):
@@ -177,8 +178,8 @@ def python_masks(
         w = min(max(round(math.sqrt(area / aspect)), 1), grid_size)
         return h, w
 
-    def block_mask(h, w, acceptable=None):
-        while True:
+    def block_mask(h, w, acceptable=None, tries=20):
+        for _ in range(tries if acceptable is not None else 1 << 30):
             top = int(torch.randint(0, grid_size - h + 1, (1,), generator=generator))
             left = int(torch.randint(0, grid_size - w + 1, (1,), generator=generator))
             mask = torch.zeros((grid_size, grid_size), dtype=torch.int32)
@@ -191,13 +192,17 @@ def python_masks(
                 complement = torch.ones((grid_size, grid_size), dtype=torch.int32)
                 complement[top : top + h, left : left + w] = 0
                 return indices, complement
+        return None  # no context of min_keep patches beside these targets
 
     target_hw, context_hw = shape(target_scale, target_aspect_ratio), shape(context_scale, (1.0, 1.0))
     contexts, targets = [], []
     for _ in range(batch_size):
-        blocks, complements = zip(*(block_mask(*target_hw) for _ in range(num_blocks)))
-        context, _ = block_mask(*context_hw, acceptable=complements)
-        contexts.append(context)
+        while True:  # the official loop can spin forever on impossible targets: redraw them
+            blocks, complements = zip(*(block_mask(*target_hw) for _ in range(num_blocks)))
+            found = block_mask(*context_hw, acceptable=complements)
+            if found is not None:
+                break
+        contexts.append(found[0])
         targets.append(torch.stack(blocks))
     keep = min(len(c) for c in contexts)
     return torch.stack([c[:keep] for c in contexts]), torch.stack(targets)

@@ -106,6 +106,8 @@ class SeededSamples(Dataset):
         sample_seed = mix_seed(self.seed, epoch, index)
         # fork_rng keeps the caller's global RNG untouched (num_workers=0 runs this in the main process).
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed)
+            # The CPU generator alone: torch.manual_seed also queues seeds for every accelerator
+            # and, before CUDA is initialised, records a stack trace per call (~4 ms a sample).
+            torch.default_generator.manual_seed(sample_seed)
             image, label = self.dataset[index]
         return image, label, sample_seed

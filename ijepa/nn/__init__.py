@@ -1,6 +1,6 @@
 """Plain PyTorch building blocks (no Lightning): patches, positions, attention, ViT, predictor."""
 
-from ijepa.nn.attention import Attention, apply_rotary
+from ijepa.nn.attention import Attention, BlockLayout, apply_rotary, block_layout_attention
 from ijepa.nn.checks import check_indices, index_checks
 from ijepa.nn.patch import PatchEmbed, gather_patches, grid_size
 from ijepa.nn.position import (
@@ -25,6 +25,7 @@ __all__ = [
     "Attention",
     "AttentionPositions",
     "Block",
+    "BlockLayout",
     "FixedSinCos2DPositionEmbedding",
     "Learned2DPositionEmbedding",
     "NoPositionEmbedding",
@@ -34,6 +35,7 @@ __all__ = [
     "VisionTransformer",
     "add_position_embedding",
     "apply_rotary",
+    "block_layout_attention",
     "build_position_embedding",
     "check_indices",
     "cosine_similarity_grid",

@@ -5,9 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ijepa.nn.attention import BlockLayout
 from ijepa.nn.checks import check_indices
 from ijepa.nn.position import PositionEncoding, build_position_embedding
 from ijepa.nn.vit import Transformer, init_vit_weights, rescale_residual_branches
+
+PREDICTOR_MODES = ("per_block", "one_pass")
 
 
 class Predictor(nn.Module):
@@ -18,9 +21,20 @@ class Predictor(nn.Module):
     appended; after the transformer the target tokens are projected back to the encoder width.
 
     ``forward(context [B, Kc, D], context_indices [B, Kc], target_indices [B, M, Kt] or [B, Kt])``
-    returns ``[B, M, Kt, D]`` (or ``[B, Kt, D]``). With M target blocks the context is repeated
-    and each block is predicted in its own sequence, as in the official I-JEPA, so blocks never
-    attend to each other.
+    returns ``[B, M, Kt, D]`` (or ``[B, Kt, D]``).
+
+    ``mode`` says how M target blocks are predicted:
+
+    * ``per_block`` (official I-JEPA): the context is repeated and each block is predicted in
+      its own sequence ``[context, block m]`` of ``Kc + Kt`` tokens, ``B*M`` sequences; context
+      tokens attend to the context and to block m's queries, so the context's hidden states
+      differ per block.
+    * ``one_pass``: one sequence ``[context, block 1, ..., block M]`` of ``Kc + M*Kt`` tokens per
+      image with the attention of :func:`block_attention_mask` (computed mask-free by
+      :func:`ijepa.nn.attention.block_layout_attention`): context tokens attend to the context
+      only, block m's queries to the context and to block m. Blocks still never see each other, but the
+      context's hidden states no longer depend on the queries (the one difference from
+      ``per_block``), so its work is done once instead of M times.
     """
 
     def __init__(
@@ -34,8 +48,12 @@ class Predictor(nn.Module):
         qkv_bias: bool = True,
         drop_path_rate: float = 0.0,
         pos_embed: str = "sincos",
+        mode: str = "per_block",
     ):
         super().__init__()
+        if mode not in PREDICTOR_MODES:
+            raise ValueError(f"predictor mode must be one of {PREDICTOR_MODES}, got {mode!r}.")
+        self.mode = mode
         self.grid_size = grid_size
         self.num_patches = grid_size * grid_size
         self.embed_dim = embed_dim
@@ -48,6 +66,12 @@ class Predictor(nn.Module):
         self.output_proj = nn.Linear(predictor_embed_dim, embed_dim)
         self.apply(init_vit_weights)
         nn.init.trunc_normal_(self.mask_token, std=0.02)
+        if mode == "one_pass" and type(position).after_block is not PositionEncoding.after_block:
+            # e.g. PEG's convolution over the token grid would mix blocks that share positions.
+            raise ValueError(
+                f"predictor mode 'one_pass' needs a position encoding that acts per token, not {pos_embed!r}; "
+                "use mode 'per_block' or another predictor_pos_embed."
+            )
         if hasattr(position, "reset_parameters"):
             position.reset_parameters()
         rescale_residual_branches(self.transformer.blocks)
@@ -79,6 +103,12 @@ class Predictor(nn.Module):
         target_indices = target_indices.reshape(batch * num_blocks, num_targets)
         check_indices(target_indices, self.num_patches, "target_indices")
 
+        if self.mode == "one_pass":
+            flat_targets = target_indices.view(batch, num_blocks * num_targets)
+            prediction = self._one_pass(context, context_indices, flat_targets, num_blocks)
+            prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
+            return prediction.squeeze(1) if single_block else prediction
+
         x = self.input_proj(context).repeat_interleave(num_blocks, dim=0)  # [B*M, Kc, Dp]
         context_indices = context_indices.repeat_interleave(num_blocks, dim=0)
         x = self.position.add_to_tokens(x, context_indices)
@@ -91,3 +121,28 @@ class Predictor(nn.Module):
         prediction = self.output_proj(tokens[:, -num_targets:])  # [B*M, Kt, D]
         prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
         return prediction.squeeze(1) if single_block else prediction
+
+    def _one_pass(
+        self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor, num_blocks: int
+    ) -> torch.Tensor:
+        """``[B, Kc, D]``, ``[B, Kc]``, ``[B, M*Kt]`` -> predictions ``[B, M*Kt, D]``."""
+        batch, num_context = context_indices.shape
+        x = self.position.add_to_tokens(self.input_proj(context), context_indices)
+        queries = self.mask_token.expand(batch, target_indices.size(1), -1).to(x.dtype)
+        queries = self.position.add_to_tokens(queries, target_indices)
+        tokens = torch.cat([x, queries], dim=1)
+        indices = torch.cat([context_indices, target_indices], dim=1)
+        layout = BlockLayout(num_context, num_blocks, target_indices.size(1) // num_blocks)
+        tokens = self.transformer(tokens, indices, attn_mask=layout)
+        return self.output_proj(tokens[:, num_context:])
+
+
+def block_attention_mask(num_context: int, num_blocks: int, num_targets: int, device=None) -> torch.Tensor:
+    """Boolean ``[K, K]`` mask, ``K = Kc + M*Kt``, True where a query row may attend to a key column.
+
+    Tokens are ordered ``[context (Kc), block 1 (Kt), ..., block M (Kt)]``: every row attends to
+    the context columns; a block's rows also attend to their own block; nothing else.
+    """
+    group = torch.arange(num_blocks, device=device).repeat_interleave(num_targets)
+    group = torch.cat([torch.full((num_context,), -1, device=device), group])
+    return (group[None, :] == -1) | (group[:, None] == group[None, :])

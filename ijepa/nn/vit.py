@@ -52,15 +52,19 @@ class Block(nn.Module):
         self.mlp = MLP(dim, int(dim * mlp_ratio))
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, positions: AttentionPositions | None = None) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x), positions))
+    def forward(
+        self, x: torch.Tensor, positions: AttentionPositions | None = None, attn_mask=None
+    ) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x), positions, attn_mask))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
 class Transformer(nn.Module):
     """A stack of blocks plus final LayerNorm that lets a position encoding act at every stage.
 
-    ``forward(tokens [B, K, D], indices [B, K]) -> [B, K, D]``. Shared by encoder and predictor.
+    ``forward(tokens [B, K, D], indices [B, K], attn_mask) -> [B, K, D]``; ``attn_mask`` as in
+    :class:`ijepa.nn.attention.Attention` (None, boolean ``[K, K]`` or a ``BlockLayout``).
+    Shared by encoder and predictor.
     """
 
     def __init__(
@@ -82,12 +86,25 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, num_heads, mlp_ratio, qkv_bias, rate) for rate in rates)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
 
-    def forward(self, tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, indices: torch.Tensor, attn_mask=None) -> torch.Tensor:
         positions = self.position.attention_positions(indices)
         for i, block in enumerate(self.blocks):
-            tokens = block(tokens, positions)
+            tokens = block(tokens, positions, attn_mask)
             tokens = self.position.after_block(i, tokens, indices)
         return self.norm(tokens)
+
+    def last_block_outputs(self, tokens: torch.Tensor, indices: torch.Tensor, count: int) -> list[torch.Tensor]:
+        """The outputs of the last ``count`` blocks, each through the final norm: ``count`` x
+        ``[B, K, D]``, the last equal to ``forward``. For probes on several blocks."""
+        if not 1 <= count <= len(self.blocks):
+            raise ValueError(f"count must be in 1..{len(self.blocks)} (the depth), got {count}.")
+        positions = self.position.attention_positions(indices)
+        outputs = []
+        for i, block in enumerate(self.blocks):
+            tokens = self.position.after_block(i, block(tokens, positions), indices)
+            if i >= len(self.blocks) - count:
+                outputs.append(self.norm(tokens))
+        return outputs
 
 
 def init_vit_weights(module: nn.Module) -> None:
@@ -164,3 +181,13 @@ class VisionTransformer(nn.Module):
             tokens = gather_patches(tokens, patch_indices)
         tokens = self.position.add_to_tokens(tokens, patch_indices)
         return self.transformer(tokens, patch_indices)
+
+    def pooled_features(self, images: torch.Tensor, last_blocks: int = 1) -> torch.Tensor:
+        """Mean over all patches of the last ``last_blocks`` blocks' normed outputs, concatenated:
+        ``[B, C, H, W] -> [B, last_blocks * D]`` (oldest block first)."""
+        if last_blocks == 1:
+            return self(images).mean(dim=1)
+        indices = self.all_indices(images.size(0), images.device)
+        tokens = self.position.add_to_tokens(self.patch_embed(images), indices)
+        outputs = self.transformer.last_block_outputs(tokens, indices, last_blocks)
+        return torch.cat([output.mean(dim=1) for output in outputs], dim=-1)

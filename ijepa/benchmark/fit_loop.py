@@ -1,0 +1,121 @@
+"""The whole training loop: ``python -m ijepa.benchmark.fit_loop --config CONFIG [--steps 200] [overrides]``.
+
+Where :mod:`ijepa.benchmark` times the step on batches already in memory, this runs the real
+``ijepa fit`` (DataLoader workers, augmentations, mask collation, host-to-device copies, Lightning's
+loop, the EMA callback, checkpointing) with validation and the evaluation callbacks off, and splits each step's wall time into
+
+* **data wait**: from the end of one step to the start of the next, which is the time Lightning
+  waits for the DataLoader to hand over the next batch (plus moving it to the device); the
+  first batch of each epoch is counted apart, since the workers start that epoch from empty
+  (on a small dataset this is most of the wait);
+* **step**: from ``on_train_batch_start`` to ``on_train_batch_end`` (forward, backward,
+  optimizer, EMA).
+
+If the data wait is a small fraction of the total, data loading and mask sampling are not the
+bottleneck. Prints one line and ``FITLOOP {json}``. Any ``--model.*``, ``--data.*`` or
+``--trainer.*`` override goes to the CLI (e.g. ``--data.dataset=shapes`` where STL-10 is absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from unittest import mock
+
+import lightning as L
+import torch
+
+from ijepa.callbacks import (
+    CollapseMonitor,
+    JEPAImages,
+    KNNProbe,
+    LinearProbe,
+    PositionSimilarityImages,
+)
+
+EVALUATION = (CollapseMonitor, JEPAImages, KNNProbe, LinearProbe, PositionSimilarityImages)
+
+
+class StepTimer(L.Callback):
+    """Records per-step compute time and the DataLoader wait before each step, after ``warmup``
+    steps. Synchronises the GPU at both ends of a step (a small cost, for honest timings)."""
+
+    def __init__(self, warmup: int = 20):
+        super().__init__()
+        self.warmup = warmup
+        self.step_seconds: list[float] = []
+        self.wait_seconds: list[float] = []
+        self.epoch_start_wait_seconds: list[float] = []
+        self._start = self._end = None
+
+    def _now(self, pl_module: L.LightningModule) -> float:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._start = self._now(pl_module)
+        if self._end is not None and trainer.global_step >= self.warmup:
+            # A new epoch's first batch waits for the workers to refill from empty.
+            (self.epoch_start_wait_seconds if batch_idx == 0 else self.wait_seconds).append(self._start - self._end)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._end = self._now(pl_module)
+        if trainer.global_step > self.warmup:
+            self.step_seconds.append(self._end - self._start)
+
+
+def run(config: str, overrides: list[str], steps: int, warmup: int) -> dict:
+    """Fit ``steps`` steps of ``config`` and return images/s, step and data-wait times."""
+    from ijepa.cli import build_cli
+
+    with tempfile.TemporaryDirectory() as root, mock.patch("sys.argv", ["ijepa"]):
+        cli = build_cli(["--config", config, *overrides, f"--trainer.max_steps={steps}", "--trainer.max_epochs=-1",
+                         "--trainer.limit_val_batches=0", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+                         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}"], run=False)
+        timer = StepTimer(warmup)
+        # Probes and pictures act around validation (and at the first and last step); they are not
+        # part of the training loop's throughput.
+        cli.trainer.callbacks = [cb for cb in cli.trainer.callbacks if not isinstance(cb, EVALUATION)] + [timer]
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    batch_size = cli.datamodule.hparams.batch_size
+    step, wait = statistics.median(timer.step_seconds), statistics.median(timer.wait_seconds)
+    epoch_waits = timer.epoch_start_wait_seconds
+    total = sum(timer.step_seconds) + sum(timer.wait_seconds) + sum(epoch_waits)
+    return {"config": config, "overrides": overrides, "steps_timed": len(timer.step_seconds),
+            "batch_size": batch_size, "num_workers": cli.datamodule.hparams.num_workers,
+            "images_per_s": batch_size * len(timer.step_seconds) / total,
+            "step_ms": 1e3 * step, "data_wait_ms": 1e3 * wait,
+            "data_wait_fraction": sum(timer.wait_seconds) / total,
+            "epoch_starts": len(epoch_waits),
+            "epoch_start_wait_ms": 1e3 * statistics.mean(epoch_waits) if epoch_waits else 0.0,
+            "epoch_start_wait_fraction": sum(epoch_waits) / total}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m ijepa.benchmark.fit_loop", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    args, overrides = parser.parse_known_args(argv)
+    bad = [o for o in overrides if not o.startswith(("--model.", "--data.", "--trainer."))]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)} (overrides must be --model.*, --data.* or --trainer.*)")
+    if args.steps <= args.warmup + 1:
+        parser.error(f"--steps must be > --warmup + 1 = {args.warmup + 1}, got {args.steps}")
+    result = run(args.config, overrides, args.steps, args.warmup)
+    print(f"{args.config} {' '.join(overrides)}: {result['images_per_s']:.1f} images/s through the whole loop; "
+          f"step {result['step_ms']:.1f} ms, data wait {result['data_wait_ms']:.2f} ms (median), "
+          f"{100 * result['data_wait_fraction']:.1f}% of the time waiting for data within epochs, "
+          f"{100 * result['epoch_start_wait_fraction']:.1f}% at {result['epoch_starts']} epoch starts "
+          f"({result['epoch_start_wait_ms']:.0f} ms each); {result['num_workers']} workers")
+    print("FITLOOP " + json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
