@@ -17,9 +17,9 @@ class DDPChecks(L.Callback):
     def setup(self, trainer, pl_module, stage):
         features = pl_module.features
 
-        def counting(images, encoder="target"):  # how many images this rank encodes for the probe
+        def counting(images, *args, **kwargs):  # how many images this rank encodes for the probe
             self.encoded += images.size(0)
-            return features(images, encoder)
+            return features(images, *args, **kwargs)
 
         pl_module.features = counting
 

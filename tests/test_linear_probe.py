@@ -9,7 +9,6 @@ from ijepa.callbacks import LinearProbe, train_linear_classifier
 from ijepa.data import IJEPADataModule
 from ijepa.module import IJEPA
 
-
 CENTRES = torch.randn(5, 16, generator=torch.Generator().manual_seed(0)) * 3
 
 
@@ -49,7 +48,43 @@ def test_probe_callback_reports_val_linear_top1(tmp_path):
     assert "test/linear_top1" in metrics
 
 
-@pytest.mark.parametrize("kwargs, match", [({"every_n_epochs": 0}, "every_n_epochs"), ({"encoder": "ema"}, "encoder")])
+@pytest.mark.parametrize("kwargs, match", [({"every_n_epochs": 0}, "every_n_epochs"), ({"encoder": "ema"}, "encoder"),
+                                           ({"last_blocks": 0}, "last_blocks must be >= 1")])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LinearProbe(**kwargs)
+
+
+def test_pooled_features_of_the_last_blocks():
+    from ijepa.nn import VisionTransformer
+
+    encoder = VisionTransformer(32, 8, embed_dim=32, depth=3, num_heads=2, pos_embed="rope_mixed").eval()
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        last = encoder.pooled_features(images)
+        three = encoder.pooled_features(images, last_blocks=3)
+        torch.testing.assert_close(last, encoder(images).mean(1))
+        assert three.shape == (2, 96)
+        torch.testing.assert_close(three[:, 64:], last)  # oldest block first, the last block last
+        assert not torch.allclose(three[:, :32], last)
+    with pytest.raises(ValueError, match=r"count must be in 1\.\.3"):
+        encoder.pooled_features(images, last_blocks=4)
+
+
+def test_probe_runs_at_start_and_end_of_fit_on_several_blocks(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, num_workers=0, crop_scale=None,
+                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=64, shapes_val_size=64)
+    logger = CSVLogger(tmp_path)
+    trainer = L.Trainer(callbacks=[LinearProbe(max_iter=20, last_blocks=2)], logger=logger, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, max_steps=2, limit_val_batches=0)
+    trainer.fit(IJEPA(**TINY_MODEL), datamodule=data)
+    import csv
+
+    with open(f"{logger.log_dir}/metrics.csv") as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("val/linear_top1")]
+    assert steps == [0, 2]
+    with pytest.raises(ValueError, match=r"last_blocks must be in 1\.\.2 \(the encoder depth\), got 3"):
+        L.Trainer(callbacks=[LinearProbe(last_blocks=3)], logger=False, enable_progress_bar=False,
+                  max_steps=1, limit_val_batches=0).fit(IJEPA(**TINY_MODEL), datamodule=data)

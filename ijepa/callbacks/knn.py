@@ -53,10 +53,10 @@ def _unshard(gathered: torch.Tensor, size: int) -> torch.Tensor:
 
 @torch.no_grad()
 def extract_features(
-    trainer: L.Trainer, pl_module: L.LightningModule, loader: DataLoader, encoder: str = "target"
+    trainer: L.Trainer, pl_module: L.LightningModule, loader: DataLoader, encoder: str = "target", last_blocks: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean-pooled ``encoder`` features ``[N, D]`` and labels ``[N]`` of every labelled image in
-    ``loader`` (labels ``>= 0``).
+    """Mean-pooled ``encoder`` features ``[N, D]`` (``[N, last_blocks * D]``, see
+    :meth:`IJEPA.features`) and labels ``[N]`` of every labelled image in ``loader`` (labels ``>= 0``).
 
     Under DDP each rank encodes every ``world_size``-th image and the features are gathered back
     into the dataset's order, so every rank holds what a single process would.
@@ -68,7 +68,7 @@ def extract_features(
     with trainer.precision_plugin.forward_context():
         for batch in loader:
             images = batch["images"].to(pl_module.device, non_blocking=True)
-            features.append(pl_module.features(images, encoder).float())
+            features.append(pl_module.features(images, encoder, last_blocks).float())
             labels.append(batch["labels"].to(pl_module.device))
     features, labels = torch.cat(features), torch.cat(labels)
     if world > 1:

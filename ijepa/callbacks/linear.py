@@ -53,17 +53,30 @@ class LinearProbe(Callback):
     report top-1 on the held-out split as ``val/linear_top1`` (``test/linear_top1``).
 
     Features are extracted once per probe (sharded over DDP ranks and gathered, like
-    :class:`KNNProbe`), the classifier is fitted in memory on the module's device. Runs at every
-    ``every_n_epochs``-th validation of ``fit`` and in ``validate`` / ``test``.
+    :class:`KNNProbe`), the classifier is fitted in memory on the module's device. Like
+    :class:`KNNProbe` it runs once when ``fit`` starts (the random-init baseline, logged at step
+    0), at every ``every_n_epochs``-th validation of ``fit``, at the end of ``fit`` if the last
+    step was not probed, and in ``validate`` / ``test``.
 
     Args:
         every_n_epochs: probe at every this many validations during ``fit``.
         weight_decay: L2 penalty of the classifier.
         max_iter: L-BFGS iterations.
         encoder: ``target`` (default) or ``online``.
+        last_blocks: probe on the concatenated mean-pooled outputs of the encoder's last this
+            many blocks (each through the final norm); 1 is the last block alone.
+        probe_at_start: also probe the random-init encoder when ``fit`` starts.
     """
 
-    def __init__(self, every_n_epochs: int = 1, weight_decay: float = 1e-4, max_iter: int = 200, encoder: str = "target"):
+    def __init__(
+        self,
+        every_n_epochs: int = 1,
+        weight_decay: float = 1e-4,
+        max_iter: int = 200,
+        encoder: str = "target",
+        last_blocks: int = 1,
+        probe_at_start: bool = True,
+    ):
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}.")
         if weight_decay < 0:
@@ -72,18 +85,28 @@ class LinearProbe(Callback):
             raise ValueError(f"max_iter must be >= 1, got {max_iter}.")
         if encoder not in ("target", "online"):
             raise ValueError(f"encoder must be 'target' or 'online', got {encoder!r}.")
+        if last_blocks < 1:
+            raise ValueError(f"last_blocks must be >= 1 (and at most the encoder depth), got {last_blocks}.")
         self.every_n_epochs = every_n_epochs
         self.weight_decay = weight_decay
         self.max_iter = max_iter
         self.encoder = encoder
+        self.last_blocks = last_blocks
+        self.probe_at_start = probe_at_start
+        self._last_probed_step: int | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        depth = len(pl_module.encoder.transformer.blocks)
+        if self.last_blocks > depth:
+            raise ValueError(f"LinearProbe last_blocks must be in 1..{depth} (the encoder depth), got {self.last_blocks}.")
 
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
         """Top-1 accuracy in [0, 1] of a linear classifier on the current encoder's features."""
         datamodule = trainer.datamodule
         was_training = pl_module.training
         pl_module.eval()
-        train_x, train_y = extract_features(trainer, pl_module, datamodule.knn_train_dataloader(), self.encoder)
-        test_x, test_y = extract_features(trainer, pl_module, datamodule.knn_test_dataloader(), self.encoder)
+        train_x, train_y = extract_features(trainer, pl_module, datamodule.knn_train_dataloader(), self.encoder, self.last_blocks)
+        test_x, test_y = extract_features(trainer, pl_module, datamodule.knn_test_dataloader(), self.encoder, self.last_blocks)
         pl_module.train(was_training)
         num_classes = datamodule.num_classes
         classifier = train_linear_classifier(train_x, train_y, num_classes, self.weight_decay, self.max_iter)
@@ -99,9 +122,26 @@ class LinearProbe(Callback):
         if in_fit and (trainer.current_epoch + 1) % self.every_n_epochs != 0:
             return
         top1 = self.evaluate(trainer, pl_module)
+        self._last_probed_step = trainer.global_step
         pl_module.log("val/linear_top1", top1)
         if in_fit:
             rank_zero_info(f"Linear probe (step {trainer.global_step}): val/linear_top1 = {top1:.4f}")
+
+    def _probe_and_log_direct(self, trainer: L.Trainer, pl_module: L.LightningModule, when: str) -> None:
+        # Outside the validation loop self.log is not available, so write to the loggers directly.
+        top1 = self.evaluate(trainer, pl_module)
+        self._last_probed_step = trainer.global_step
+        for logger in trainer.loggers:
+            logger.log_metrics({"val/linear_top1": top1}, step=trainer.global_step)
+        rank_zero_info(f"Linear probe ({when}, step {trainer.global_step}): val/linear_top1 = {top1:.4f}")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.probe_at_start and trainer.global_step == 0:
+            self._probe_and_log_direct(trainer, pl_module, "random init")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._last_probed_step != trainer.global_step:
+            self._probe_and_log_direct(trainer, pl_module, "end of training")
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.log("test/linear_top1", self.evaluate(trainer, pl_module))
