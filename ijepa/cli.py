@@ -65,6 +65,17 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> IJEPACLI:
     )
 
 
+def instantiate(config: str, overrides: list[str] | None = None):
+    """``(model, datamodule)`` exactly as ``ijepa fit --config config [overrides]`` builds them,
+    without running anything (benchmarks, notebooks). Overrides are CLI arguments such as
+    ``--data.batch_size=64``."""
+    from unittest import mock
+
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = build_cli(["--config", str(config), *(overrides or []), "--trainer.logger=false"], run=False)
+    return cli.model, cli.datamodule
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``ijepa`` console script and ``python -m ijepa``."""
     build_cli(args)

@@ -63,11 +63,9 @@ def time_calls(fn, warmup: int, repeats: int, device: torch.device) -> list[floa
 
 def build(config: str, overrides: list[str]):
     """Model and datamodule exactly as ``ijepa fit --config config ...`` would build them."""
-    from ijepa.cli import build_cli
+    from ijepa.cli import instantiate
 
-    with mock.patch("sys.argv", ["ijepa"]):
-        cli = build_cli(["--config", config, *overrides, "--trainer.logger=false"], run=False)
-    return cli.model, cli.datamodule
+    return instantiate(config, overrides)
 
 
 def synthetic_batches(datamodule, count: int, device: torch.device, seed: int = 0) -> list[dict[str, torch.Tensor]]:

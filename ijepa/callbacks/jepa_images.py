@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import make_grid
 
 from ijepa.data.datamodule import IMAGENET_MEAN, IMAGENET_STD
+from ijepa.explore import heat_image
 from ijepa.nn.patch import gather_patches
 
 # Context tint and one colour per target block (RGB in [0, 1]).
@@ -76,14 +77,8 @@ def position_loss_map(pl_module: L.LightningModule, batch: dict[str, torch.Tenso
 
 def heat_map(values: torch.Tensor, grid_size: int, cell: int = 8) -> torch.Tensor:
     """``[N]`` values -> ``[3, G * cell, G * cell]`` image, dark (low) to bright yellow (high);
-    positions never predicted (NaN) are grey."""
-    grid = values.view(grid_size, grid_size).float()
-    finite = torch.isfinite(grid)
-    low, high = (grid[finite].min(), grid[finite].max()) if finite.any() else (0.0, 1.0)
-    scaled = ((grid - low) / (high - low + 1e-12)).clamp(0, 1)
-    image = torch.stack([scaled, scaled**2, 0.3 * (1 - scaled)])  # a simple perceptual-ish ramp
-    image = torch.where(finite, image, torch.full_like(image, 0.5))
-    return image.repeat_interleave(cell, 1).repeat_interleave(cell, 2)
+    positions never predicted (NaN) are grey (:func:`ijepa.explore.heat_image`)."""
+    return heat_image(values.view(grid_size, grid_size), cell).to(values.device)
 
 
 class JEPAImages(Callback):

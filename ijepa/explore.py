@@ -1,0 +1,208 @@
+"""The computations behind the notebooks in ``docs/notebooks/``: patch grids, mask statistics,
+position-embedding maps, RoPE scores by offset and an encoder report. Plain functions on tensors,
+tested in ``tests/test_explore.py``; the notebooks only lay them out.
+
+Images are float ``[3, H, W]`` in [0, 1]; maps are ``[G, G]`` over the patch grid, row-major
+(``i = r * G + c``).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from ijepa.masks import MultiBlockMaskSampler
+from ijepa.nn.attention import apply_rotary
+from ijepa.nn.position import AdditivePositionEmbedding, PositionEncoding
+
+
+def to_png(image: torch.Tensor) -> bytes:
+    """``[3 or 1, H, W]`` in [0, 1] -> PNG bytes (for ``marimo.image`` or a file)."""
+    import io
+
+    from torchvision.transforms.v2.functional import to_pil_image
+
+    pixels = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
+    buffer = io.BytesIO()
+    to_pil_image(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def heat_image(values: torch.Tensor, cell: int = 16, low: float | None = None, high: float | None = None) -> torch.Tensor:
+    """A ``[G_h, G_w]`` map -> ``[3, G_h * cell, G_w * cell]`` image, dark (low) to bright yellow
+    (high), scaled between ``low`` and ``high`` (default: the map's finite min and max); NaN is grey."""
+    grid = values.detach().float().cpu()
+    finite = torch.isfinite(grid)
+    if low is None or high is None:
+        low_, high_ = (float(grid[finite].min()), float(grid[finite].max())) if finite.any() else (0.0, 1.0)
+        low = low_ if low is None else low
+        high = high_ if high is None else high
+    scaled = ((grid - low) / (high - low + 1e-12)).clamp(0, 1)
+    image = torch.stack([scaled, scaled**2, 0.3 * (1 - scaled)])  # a simple perceptual-ish ramp
+    image = torch.where(finite, image, torch.full_like(image, 0.5))
+    return image.repeat_interleave(cell, 1).repeat_interleave(cell, 2)
+
+
+def patch_grid_image(image: torch.Tensor, patch_size: int, scale: int = 4, indices: bool = True) -> torch.Tensor:
+    """``image [3, H, W]`` upscaled ``scale`` times, with white lines between patches and, if
+    ``indices``, each patch's row-major index ``r * G + c`` written in its top-left corner."""
+    if image.dim() != 3 or image.size(1) % patch_size or image.size(2) % patch_size:
+        raise ValueError(f"image must be [C, H, W] with H and W multiples of patch_size={patch_size}, got {tuple(image.shape)}.")
+    big = image.detach().float().cpu().repeat_interleave(scale, 1).repeat_interleave(scale, 2).clone()
+    step = patch_size * scale
+    big[:, ::step, :] = 1.0
+    big[:, :, ::step] = 1.0
+    if indices:
+        from PIL import ImageDraw
+        from torchvision.transforms.v2.functional import pil_to_tensor, to_pil_image
+
+        picture = to_pil_image(big)
+        draw = ImageDraw.Draw(picture)
+        grid_w = image.size(2) // patch_size
+        for r in range(image.size(1) // patch_size):
+            for c in range(grid_w):
+                draw.text((c * step + 2, r * step + 1), str(r * grid_w + c), fill=(255, 255, 0))
+        big = pil_to_tensor(picture).float() / 255
+    return big
+
+
+def mask_statistics(sampler: MultiBlockMaskSampler, batch_size: int = 64, num_batches: int = 20, seed: int = 0) -> dict:
+    """Masks of ``num_batches`` batches: per-position frequencies ``[G, G]`` of being a target
+    (in any block) and of being context, the context length ``Kc`` of every batch, the target
+    block size ``Kt`` and mean fractions of the grid covered."""
+    generator = torch.Generator().manual_seed(seed)
+    n, g = sampler.num_patches, sampler.grid_size
+    target_count, context_count = torch.zeros(n), torch.zeros(n)
+    context_lengths, block_sizes = [], []
+    for _ in range(num_batches):
+        context, targets = sampler(batch_size, generator)
+        target_mask = torch.zeros(batch_size, n, dtype=torch.bool)
+        target_mask.scatter_(1, targets.flatten(1), True)
+        context_mask = torch.zeros(batch_size, n, dtype=torch.bool).scatter_(1, context, True)
+        target_count += target_mask.sum(0)
+        context_count += context_mask.sum(0)
+        context_lengths.append(context.size(1))
+        block_sizes.append(targets.size(2))
+    samples = batch_size * num_batches
+    return {
+        "target_frequency": (target_count / samples).view(g, g),
+        "context_frequency": (context_count / samples).view(g, g),
+        "context_lengths": context_lengths,
+        "target_block_sizes": block_sizes,
+        "mean_context_fraction": statistics.mean(context_lengths) / n,
+        "mean_target_fraction": float(target_count.sum() / samples / n),
+    }
+
+
+def _additive_table(position: PositionEncoding) -> torch.Tensor:
+    if not isinstance(position, AdditivePositionEmbedding):
+        raise ValueError(
+            f"{type(position).__name__} has no additive table; table maps exist for learned, learned_2d and sincos "
+            "(RoPE: use rope_offset_scores)."
+        )
+    return position.table().detach().float()
+
+
+def position_channel_map(position: PositionEncoding, channel: int) -> torch.Tensor:
+    """Channel ``channel`` of an additive position table, as a ``[G_h, G_w]`` map."""
+    table = _additive_table(position)
+    if not 0 <= channel < table.size(1):
+        raise ValueError(f"channel must be in 0..{table.size(1) - 1}, got {channel}.")
+    return table[:, channel].view(position.grid_height, position.grid_width)
+
+
+def position_similarity_map(position: PositionEncoding, index: int) -> torch.Tensor:
+    """Cosine similarity ``[G_h, G_w]`` of position ``index``'s embedding with every position's."""
+    table = _additive_table(position)
+    if not 0 <= index < table.size(0):
+        raise ValueError(f"index must be in 0..{table.size(0) - 1}, got {index}.")
+    return F.cosine_similarity(table[index][None], table, dim=1).view(position.grid_height, position.grid_width)
+
+
+def relative_bias_map(position: PositionEncoding, head: int = 0) -> torch.Tensor:
+    """A ``relative_bias`` table of one head as its offset image ``[2 G_h - 1, 2 G_w - 1]``
+    (centre = offset (0, 0), row = query row minus key row)."""
+    table = getattr(position, "table", None)
+    if not isinstance(table, torch.nn.Parameter) or table.dim() != 2:
+        raise ValueError(f"{type(position).__name__} is not a relative_bias encoding.")
+    if not 0 <= head < table.size(1):
+        raise ValueError(f"head must be in 0..{table.size(1) - 1}, got {head}.")
+    return table[:, head].detach().float().view(2 * position.grid_height - 1, 2 * position.grid_width - 1)
+
+
+def load_model(checkpoint: str, **overrides):
+    """An :class:`ijepa.module.IJEPA` from a Lightning checkpoint, on the CPU, in eval mode;
+    ``overrides`` (e.g. ``image_size=96``) go to ``load_from_checkpoint``, which adapts the
+    weights to a new resolution."""
+    from ijepa.module import IJEPA
+
+    return IJEPA.load_from_checkpoint(checkpoint, map_location="cpu", **overrides).eval()
+
+
+@torch.no_grad()
+def rope_offset_scores(
+    position: PositionEncoding, query: torch.Tensor, key: torch.Tensor, head: int = 0, anchor: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """RoPE attention score ``<R(p_q) q, R(p_k) k>`` for every offset ``p_q - p_k = (dr, dc)``:
+    a ``[2 G_h - 1, 2 G_w - 1]`` map, centre = offset (0, 0). ``query``, ``key``: ``[head_dim]``.
+
+    The key sits at ``anchor`` (default: as far up-left as each offset allows); for a relative
+    encoding the map does not depend on where (the test of that is RoPE's relativity).
+    """
+    if not hasattr(position, "angles"):
+        raise ValueError(f"{type(position).__name__} is not a rotary encoding (rope_axial or rope_mixed).")
+    gh, gw = position.grid_height, position.grid_width
+    scores = torch.full((2 * gh - 1, 2 * gw - 1), float("nan"))
+    q_idx, k_idx, cells = [], [], []
+    for dr in range(-(gh - 1), gh):
+        for dc in range(-(gw - 1), gw):
+            kr, kc = anchor if anchor is not None else (max(0, -dr), max(0, -dc))
+            qr, qc = kr + dr, kc + dc
+            if 0 <= kr < gh and 0 <= kc < gw and 0 <= qr < gh and 0 <= qc < gw:
+                q_idx.append(qr * gw + qc)
+                k_idx.append(kr * gw + kc)
+                cells.append((dr + gh - 1, dc + gw - 1))
+    q_angles = position.angles(torch.tensor([q_idx]))  # [1, 1 or H, P, hd/2]
+    k_angles = position.angles(torch.tensor([k_idx]))
+    h = min(head, q_angles.size(1) - 1)
+    count = len(cells)
+    q_rot = apply_rotary(query.float().expand(1, 1, count, -1), q_angles[:, h : h + 1].cos(), q_angles[:, h : h + 1].sin())
+    k_rot = apply_rotary(key.float().expand(1, 1, count, -1), k_angles[:, h : h + 1].cos(), k_angles[:, h : h + 1].sin())
+    values = (q_rot * k_rot).sum(-1).flatten()
+    for (row, col), value in zip(cells, values.tolist()):
+        scores[row, col] = value
+    return scores
+
+
+def encoder_report(encoder: torch.nn.Module, images: torch.Tensor, patch_indices: torch.Tensor | None = None) -> dict:
+    """Run ``encoder(images, patch_indices)`` with gradients and report what a debugging session
+    asks first: output shape, feature statistics (mean, std over everything, mean token norm,
+    std of the pooled features across the batch) and the gradient norm of every top-level part
+    (patch embedding, position encoding, each block, final norm) after ``output.square().mean()``
+    is back-propagated. Parameters' ``.grad`` are cleared before and after."""
+    encoder.zero_grad(set_to_none=True)
+    output = encoder(images, patch_indices)
+    output.float().square().mean().backward()
+    parts = {"patch_embed": encoder.patch_embed, "position": encoder.transformer.position}
+    parts.update({f"block {i}": block for i, block in enumerate(encoder.transformer.blocks)})
+    parts["norm"] = encoder.transformer.norm
+    grad_norms = {}
+    for name, module in parts.items():
+        grads = [p.grad.float().norm() for p in module.parameters() if p.grad is not None]
+        if grads:
+            grad_norms[name] = float(torch.stack(grads).norm())
+    encoder.zero_grad(set_to_none=True)
+    features = output.detach().float()
+    return {
+        "input_shape": tuple(images.shape),
+        "indices_shape": None if patch_indices is None else tuple(patch_indices.shape),
+        "output_shape": tuple(output.shape),
+        "mean": float(features.mean()),
+        "std": float(features.std()),
+        "mean_token_norm": float(features.norm(dim=-1).mean()),
+        "pooled_std_across_batch": float(features.mean(1).std(0).mean()) if features.size(0) > 1 else float("nan"),
+        "grad_norms": grad_norms,
+        "device": str(output.device),
+    }
