@@ -119,8 +119,9 @@ class IJEPA(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         # Denormal floats (below 1e-38, e.g. in AdamW's second moments) are very slow on CPU;
-        # flushing them to zero only changes values that small. In an interleaved A/B of the quickstart step the
-        # gain was within noise (docs/benchmarks.md); it guards long runs whose moments decay.
+        # flushing them to zero only changes values that small. In an interleaved A/B of the
+        # quickstart step the gain was within noise (docs/benchmarks.md); it guards long runs
+        # whose moments decay.
         torch.set_flush_denormal(True)
 
     def configure_model(self) -> None:
