@@ -27,6 +27,24 @@ def _check_range(value: tuple[float, float], name: str, low: float, high: float)
     return float(value[0]), float(value[1])
 
 
+def thin_to_smallest(context_masks: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Boolean contexts ``[B, N]`` -> indices ``[B, keep]`` in increasing order, ``keep`` the
+    smallest context of the batch; each row drops a uniformly random subset of its extra patches
+    (truncating a sorted list, as the official code does, would always drop the bottom rows)."""
+    batch_size, num_patches = context_masks.shape
+    keep = int(context_masks.sum(1).min())
+    keys = torch.rand(batch_size, num_patches, generator=generator, dtype=torch.float64)
+    keys.masked_fill_(~context_masks, 2.0)
+    # The `keep` smallest keys of each row, in index order: a k-th value threshold and
+    # nonzero() (row-major, hence sorted) instead of a full argsort + sort. float64 keys make
+    # a tie at the threshold practically impossible; if one happens, sort instead.
+    threshold = keys.kthvalue(keep, dim=1, keepdim=True).values
+    chosen = keys <= threshold
+    if int(chosen.sum()) == batch_size * keep:
+        return chosen.nonzero()[:, 1].view(batch_size, keep)
+    return keys.argsort(dim=1)[:, :keep].sort(dim=1).values
+
+
 class MultiBlockMaskSampler:
     """Sample I-JEPA context and target patch indices on a ``grid_size`` x ``grid_size`` grid.
 
@@ -128,20 +146,7 @@ class MultiBlockMaskSampler:
                 f"or raise context_scale."
             )
 
-        # Thin every context to the batch's smallest, choosing the dropped patches at random
-        # (truncating a sorted list, as the official code does, would always drop the bottom rows).
-        keep = int(context_masks.sum(1).min())
-        keys = torch.rand(batch_size, self.num_patches, generator=generator, dtype=torch.float64)
-        keys.masked_fill_(~context_masks, 2.0)
-        # The `keep` smallest keys of each row, in index order: a k-th value threshold and
-        # nonzero() (row-major, hence sorted) instead of a full argsort + sort. float64 keys make
-        # a tie at the threshold practically impossible; if one happens, sort instead.
-        threshold = keys.kthvalue(keep, dim=1, keepdim=True).values
-        chosen = keys <= threshold
-        if int(chosen.sum()) == batch_size * keep:
-            context_indices = chosen.nonzero()[:, 1].view(batch_size, keep)
-        else:
-            context_indices = keys.argsort(dim=1)[:, :keep].sort(dim=1).values
+        context_indices = thin_to_smallest(context_masks, generator)
         return context_indices, target_indices
 
     def check(self, tries: int = 8, batch_size: int = 64) -> None:
@@ -149,6 +154,75 @@ class MultiBlockMaskSampler:
         generator = torch.Generator().manual_seed(0)
         for _ in range(tries):
             self(batch_size, generator)
+
+
+class SpatioTemporalMaskSampler(MultiBlockMaskSampler):
+    """V-JEPA-style masks on a ``grid_time x grid_size x grid_size`` token grid (row-major
+    ``i = (t * G + r) * G + c``): each target block is a spatial block (scale and aspect ratio as
+    in :class:`MultiBlockMaskSampler`) extended through ``temporal_scale`` of the frames from a
+    random start; the context is every token outside all target blocks, thinned to the batch's
+    smallest, at least ``min_keep``. Disjoint from the targets over time as well as space.
+
+    ``__call__(batch_size, generator)`` -> ``(context_indices [B, Kc], target_indices [B, M, Kt])``
+    with ``Kt = t_len * h * w``; shapes are shared by the batch, positions differ per image.
+    """
+
+    def __init__(
+        self,
+        grid_time: int,
+        grid_size: int,
+        num_target_blocks: int = 8,
+        target_scale: tuple[float, float] = (0.15, 0.15),
+        target_aspect_ratio: tuple[float, float] = (0.75, 1.5),
+        temporal_scale: tuple[float, float] = (1.0, 1.0),
+        min_keep: int = 4,
+        max_tries: int = 20,
+    ):
+        super().__init__(grid_size, num_target_blocks, target_scale, target_aspect_ratio, (1.0, 1.0),
+                         min_keep=1, max_tries=max_tries)
+        if grid_time < 1:
+            raise ValueError(f"grid_time must be >= 1 temporal position, got {grid_time}.")
+        self.grid_time = grid_time
+        self.temporal_scale = _check_range(temporal_scale, "temporal_scale", 0.0, 1.0)
+        self.num_patches = grid_time * grid_size * grid_size
+        if not 1 <= min_keep < self.num_patches:
+            raise ValueError(f"min_keep must be in [1, {self.num_patches - 1}] on a {grid_time}x{grid_size}x{grid_size} "
+                             f"grid, got {min_keep}.")
+        self.min_keep = min_keep
+
+    def __call__(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        m, g, frames = self.num_target_blocks, self.grid_size, self.grid_time
+        height, width = self.block_shape(self.target_scale, self.target_aspect_ratio, generator)
+        u = float(torch.rand(1, generator=generator))
+        scale = self.temporal_scale[0] + u * (self.temporal_scale[1] - self.temporal_scale[0])
+        length = min(max(round(scale * frames), 1), frames)
+
+        target_indices = torch.empty(batch_size, m, length * height * width, dtype=torch.long)
+        context_masks = torch.empty(batch_size, self.num_patches, dtype=torch.bool)
+        pending = torch.arange(batch_size)
+        times = torch.arange(frames)
+        for _ in range(self.max_tries):
+            n = pending.numel()
+            top, left = self.place_blocks(n * m, height, width, generator)
+            start = torch.randint(0, frames - length + 1, (n * m,), generator=generator)
+            spatial = self.block_indices(top, left, height, width)  # [n*m, h*w], row-major in the plane
+            frame = start[:, None] + torch.arange(length)  # [n*m, length]
+            blocks = (frame[:, :, None] * g * g + spatial[:, None, :]).flatten(1)  # [n*m, length*h*w]
+            in_time = (times >= start[:, None]) & (times < start[:, None] + length)  # [n*m, T]
+            in_plane = self._block_masks(top, left, height, width)  # [n*m, G*G]
+            covered = (in_time[:, :, None] & in_plane[:, None, :]).flatten(1).view(n, m, -1).any(1)
+            target_indices[pending] = blocks.view(n, m, -1)
+            context_masks[pending] = ~covered
+            pending = pending[context_masks[pending].sum(1) < self.min_keep]
+            if pending.numel() == 0:
+                break
+        else:
+            raise ValueError(
+                f"could not leave min_keep={self.min_keep} context tokens on a {frames}x{g}x{g} grid outside {m} "
+                f"target blocks of {length}x{height}x{width} in {self.max_tries} tries: lower num_target_blocks, "
+                f"target_scale, temporal_scale or min_keep."
+            )
+        return thin_to_smallest(context_masks, generator), target_indices
 
 
 class MaskCollator:

@@ -86,8 +86,9 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, num_heads, mlp_ratio, qkv_bias, rate) for rate in rates)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
 
-    def forward(self, tokens: torch.Tensor, indices: torch.Tensor, attn_mask=None) -> torch.Tensor:
-        positions = self.position.attention_positions(indices)
+    def forward(self, tokens: torch.Tensor, indices: torch.Tensor, attn_mask=None, **position_inputs) -> torch.Tensor:
+        # position_inputs: extra inputs of the position encoding, e.g. M-RoPE's frame_times.
+        positions = self.position.attention_positions(indices, **position_inputs)
         for i, block in enumerate(self.blocks):
             tokens = block(tokens, positions, attn_mask)
             tokens = self.position.after_block(i, tokens, indices)

@@ -1,0 +1,190 @@
+"""Video building blocks: tubelets, 3D sin-cos, M-RoPE with timestamps (ijepa.nn.video)."""
+
+import pytest
+import torch
+
+from ijepa.nn.attention import apply_rotary
+from ijepa.nn.video import (
+    FixedSinCos3DPositionEmbedding,
+    Learned3DPositionEmbedding,
+    MultimodalRotaryPositionEmbedding,
+    TubeletEmbed,
+    mrope_sections,
+)
+
+
+def index(t, r, c, grid):
+    return (t * grid[1] + r) * grid[2] + c
+
+
+def test_tubelet_tokens_are_row_major_over_time_rows_columns():
+    embed = TubeletEmbed(num_frames=4, image_size=16, tubelet_size=2, patch_size=8, in_channels=3, embed_dim=10)
+    clips = torch.randn(2, 3, 4, 16, 16)
+    tokens = embed(clips)
+    assert embed.grid == (2, 2, 2) and tokens.shape == (2, 8, 10)
+    w, b = embed.proj.weight, embed.proj.bias  # [D, C, 2, 8, 8]
+    for t, r, c in [(0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1)]:
+        tubelet = clips[:, :, 2 * t : 2 * t + 2, 8 * r : 8 * r + 8, 8 * c : 8 * c + 8]
+        expected = torch.einsum("bcthw,dcthw->bd", tubelet, w) + b
+        torch.testing.assert_close(tokens[:, index(t, r, c, embed.grid)], expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="multiple of tubelet_size=2"):
+        TubeletEmbed(num_frames=3, image_size=16, tubelet_size=2)
+    with pytest.raises(ValueError, match=r"clips must be \[B, C, T, H, W\]"):
+        embed(torch.randn(2, 3, 16, 16))
+
+
+def test_sincos_3d_inner_products_depend_only_on_offsets():
+    position = FixedSinCos3DPositionEmbedding(4, 5, 5, 64)
+    table = position.table()
+    grid = (4, 5, 5)
+    gram = table @ table.T
+    # the same offset (dt, dr, dc) = (1, -2, 1) from different starting tokens
+    pairs = [((0, 3, 0), (1, 1, 1)), ((2, 4, 3), (3, 2, 4)), ((1, 2, 2), (2, 0, 3))]
+    values = [gram[index(*a, grid), index(*b, grid)] for a, b in pairs]
+    assert max(values) - min(values) < 1e-4
+    # and different offsets differ
+    assert abs(gram[index(0, 0, 0, grid), index(1, 0, 0, grid)] - gram[index(0, 0, 0, grid), index(0, 0, 1, grid)]) > 1e-3
+    # V-JEPA's channel split: the first half encodes time only
+    assert torch.equal(table[index(2, 0, 0, grid), :32], table[index(2, 4, 3, grid), :32])
+    assert not torch.equal(table[index(2, 0, 0, grid), 32:], table[index(2, 4, 3, grid), 32:])
+
+
+def test_learned_3d_table_is_looked_up_at_the_indices():
+    position = Learned3DPositionEmbedding(2, 3, 3, 16)
+    indices = torch.tensor([[0, 17, 9]])
+    torch.testing.assert_close(position(indices)[0], position.table()[[0, 17, 9]])
+    with pytest.raises(ValueError, match=r"valid patch indices are 0\.\.17"):
+        position(torch.tensor([[18]]))
+
+
+def rope_1d_angles(positions, head_dim, base=10_000.0):
+    """Plain 1D RoPE angles, written independently: theta_j = p * base^(-2j / head_dim)."""
+    j = torch.arange(head_dim // 2, dtype=torch.float32)
+    return positions.float()[..., None] * base ** (-2 * j / head_dim)
+
+
+def test_mrope_with_equal_t_h_w_is_1d_rope():
+    # The seed's claim: setting t = h = w makes M-RoPE numerically identical to 1-D RoPE.
+    position = MultimodalRotaryPositionEmbedding(6, 6, 6, embed_dim=64, num_heads=2)
+    p = torch.arange(6)
+    diagonal = (p * 6 + p) * 6 + p  # tokens (p, p, p)
+    torch.testing.assert_close(position.angles(diagonal[None])[0, 0], rope_1d_angles(p, 32))
+    # and on any coordinates with t = h = w, including non-integer ones
+    coords = torch.tensor([[[0.5, 0.5, 0.5], [3.25, 3.25, 3.25]]])
+    torch.testing.assert_close(position.angles_from_coordinates(coords)[0, 0], rope_1d_angles(torch.tensor([0.5, 3.25]), 32))
+    assert position.sections == mrope_sections(16) == (4, 6, 6)
+
+
+def score(position, q, k, q_index, k_index, frame_times=None):
+    angles = position.angles(torch.tensor([[q_index, k_index]]), frame_times)
+    cos, sin = angles.cos(), angles.sin()
+    rotated_q = apply_rotary(q.expand(1, 1, 2, -1), cos, sin)[0, 0, 0]
+    rotated_k = apply_rotary(k.expand(1, 1, 2, -1), cos, sin)[0, 0, 1]
+    return float(rotated_q @ rotated_k)
+
+
+def test_mrope_relativity_holds_per_axis():
+    position = MultimodalRotaryPositionEmbedding(5, 5, 5, embed_dim=48, num_heads=2, sections=(4, 4, 4))
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(24, generator=generator), torch.randn(24, generator=generator)
+    grid = (5, 5, 5)
+    for axis in range(3):  # shift both tokens along one axis at a time
+        a, b = [1, 2, 0], [0, 1, 3]
+        base = score(position, q, k, index(*a, grid), index(*b, grid))
+        a[axis] += 1
+        b[axis] += 1
+        assert abs(score(position, q, k, index(*a, grid), index(*b, grid)) - base) < 1e-4
+    # an offset along one axis changes the score, so each axis is really encoded
+    same = score(position, q, k, index(1, 1, 1, grid), index(1, 1, 1, grid))
+    for moved in [(2, 1, 1), (1, 2, 1), (1, 1, 2)]:
+        assert abs(score(position, q, k, index(*moved, grid), index(1, 1, 1, grid)) - same) > 1e-3
+
+
+def test_mrope_timestamps_align_clips_at_two_frame_rates():
+    # The same motion filmed at 10 and at 5 frames per second: 0.2 s after the first frame is
+    # frame 2 of the first clip and frame 1 of the second.
+    position = MultimodalRotaryPositionEmbedding(4, 2, 2, embed_dim=32, num_heads=1, sections=(8, 4, 4), time_unit=0.1)
+    generator = torch.Generator().manual_seed(1)
+    q, k = torch.randn(32, generator=generator), torch.randn(32, generator=generator)
+    grid = (4, 2, 2)
+    fast = torch.tensor([[0.0, 0.1, 0.2, 0.3]])
+    slow = torch.tensor([[0.0, 0.2, 0.4, 0.6]])
+    by_time_fast = score(position, q, k, index(2, 0, 0, grid), index(0, 0, 0, grid), fast)
+    by_time_slow = score(position, q, k, index(1, 0, 0, grid), index(0, 0, 0, grid), slow)
+    assert abs(by_time_fast - by_time_slow) < 1e-4  # same elapsed time, same relative rotation
+    by_index_fast = score(position, q, k, index(2, 0, 0, grid), index(0, 0, 0, grid))
+    by_index_slow = score(position, q, k, index(1, 0, 0, grid), index(0, 0, 0, grid))
+    assert abs(by_index_fast - by_index_slow) > 1e-3  # frame indices would not align them
+    coords = position.coordinates(torch.tensor([[index(3, 1, 0, grid)]]), slow)
+    torch.testing.assert_close(coords, torch.tensor([[[6.0, 1.0, 0.0]]]))  # 0.6 s / 0.1 s
+
+
+def test_mrope_errors_name_the_parameter():
+    with pytest.raises(ValueError, match=r"sections must be 3 non-negative pair counts summing to head_dim / 2 = 16"):
+        MultimodalRotaryPositionEmbedding(2, 2, 2, 64, 2, sections=(4, 4, 4))
+    with pytest.raises(ValueError, match="time_unit must be > 0"):
+        MultimodalRotaryPositionEmbedding(2, 2, 2, 64, 2, time_unit=0)
+    position = MultimodalRotaryPositionEmbedding(2, 2, 2, 64, 2)
+    with pytest.raises(ValueError, match=r"frame_times must be \[B, 2\]"):
+        position.angles(torch.tensor([[0, 1]]), torch.zeros(1, 3))
+
+
+@pytest.mark.parametrize("temporal_scale", [(1.0, 1.0), (0.4, 0.6)])
+def test_spatio_temporal_masks_stay_in_the_grid_and_are_disjoint(temporal_scale):
+    from ijepa.masks import SpatioTemporalMaskSampler
+
+    sampler = SpatioTemporalMaskSampler(5, 6, num_target_blocks=3, target_scale=(0.1, 0.15),
+                                        temporal_scale=temporal_scale, min_keep=8)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        context, targets = sampler(16, generator)
+        assert context.min() >= 0 and context.max() < 5 * 36 and targets.min() >= 0 and targets.max() < 5 * 36
+        assert context.size(1) >= 8
+        for b in range(16):
+            target_set = set(targets[b].flatten().tolist())
+            assert not set(context[b].tolist()) & target_set  # disjoint over time and space
+            assert context[b].tolist() == sorted(set(context[b].tolist()))
+            for block in targets[b]:  # each block: one spatial block through consecutive frames
+                t, plane = block // 36, block % 36
+                frames = sorted(set(t.tolist()))
+                assert frames == list(range(frames[0], frames[0] + len(frames)))
+                per_frame = [set(plane[t == f].tolist()) for f in frames]
+                assert all(p == per_frame[0] for p in per_frame)
+                if temporal_scale == (1.0, 1.0):
+                    assert len(frames) == 5  # V-JEPA's default: through the whole clip
+    with pytest.raises(ValueError, match=r"temporal_scale"):
+        SpatioTemporalMaskSampler(4, 6, temporal_scale=(0.5, 1.5))
+    with pytest.raises(ValueError, match=r"min_keep must be in \[1, 31\] on a 2x4x4 grid, got 500"):
+        SpatioTemporalMaskSampler(2, 4, num_target_blocks=2, min_keep=500)
+    with pytest.raises(ValueError, match="could not leave min_keep=30 context tokens"):  # valid, but not satisfiable
+        SpatioTemporalMaskSampler(2, 4, num_target_blocks=2, target_scale=(0.5, 0.5), min_keep=30)(4)
+
+
+@pytest.mark.parametrize("pos_embed", ["sincos_3d", "learned_3d", "mrope"])
+def test_video_encoder_on_gathered_tokens(pos_embed):
+    from ijepa.nn.video import VideoVisionTransformer
+
+    torch.manual_seed(0)
+    encoder = VideoVisionTransformer(num_frames=4, image_size=16, tubelet_size=2, patch_size=8, embed_dim=32,
+                                     depth=2, num_heads=2, pos_embed=pos_embed).eval()
+    with torch.no_grad():  # O(1) weights: at init position effects are below float noise
+        for p in encoder.parameters():
+            p.normal_(0, 0.3)
+    clips = torch.randn(2, 3, 4, 16, 16)
+    full = encoder(clips)
+    assert full.shape == (2, 8, 32)
+    indices = torch.tensor([[0, 3, 5], [1, 6, 7]])
+    part = encoder(clips, indices)
+    assert part.shape == (2, 3, 32)
+    # time is encoded: swapping the two tubelet frames changes the features of a fixed token set
+    swapped = torch.cat([clips[:, :, 2:], clips[:, :, :2]], dim=2)
+    assert not torch.allclose(encoder(swapped).mean(1), full.mean(1), atol=1e-4)
+    out = encoder(clips, indices)
+    out.square().mean().backward()
+    assert all(p.grad is not None for p in encoder.parameters() if p.requires_grad)
+    if pos_embed == "mrope":  # timestamps change the temporal rotation, hence the output
+        times = torch.tensor([[0.0, 1.0], [0.0, 1.0]])
+        with torch.no_grad():
+            assert not torch.allclose(encoder(clips, indices, times * 3), encoder(clips, indices, times), atol=1e-5)
+    with pytest.raises(ValueError, match="video pos_embed must be one of"):
+        VideoVisionTransformer(num_frames=4, image_size=16, pos_embed="sincos")
