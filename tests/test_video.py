@@ -188,3 +188,50 @@ def test_video_encoder_on_gathered_tokens(pos_embed):
             assert not torch.allclose(encoder(clips, indices, times * 3), encoder(clips, indices, times), atol=1e-5)
     with pytest.raises(ValueError, match="video pos_embed must be one of"):
         VideoVisionTransformer(num_frames=4, image_size=16, pos_embed="sincos")
+
+
+def _circular_centroids(clips: torch.Tensor) -> torch.Tensor:
+    """Foreground centroid of every frame on the torus: ``[N, T, 3, H, W] -> [N, T, 2]`` angles."""
+    frames = clips.float()
+    background = frames.flatten(3).median(dim=3).values[..., None, None]  # per frame and channel
+    weight = (frames - background).abs().sum(2)  # [N, T, H, W]
+    size = frames.size(-1)
+    phase = torch.exp(1j * 2 * torch.pi * torch.arange(size) / size)
+    x = (weight * phase[None, None, None, :]).sum((2, 3))
+    y = (weight * phase[None, None, :, None]).sum((2, 3))
+    return torch.stack([x.angle(), y.angle()], dim=-1)
+
+
+def test_moving_shapes_need_time_one_frame_does_not_tell_the_direction():
+    from ijepa.callbacks.linear import train_linear_classifier
+    from ijepa.data.moving_shapes import MovingShapesClips
+
+    train = MovingShapesClips(240, num_frames=4, image_size=16, split="train", radius=(0.2, 0.3))
+    val = MovingShapesClips(120, num_frames=4, image_size=16, split="val", radius=(0.2, 0.3))
+    assert torch.equal(train[5][0], train[5][0]) and not torch.equal(train[5][0], val[5][0])  # deterministic, split-specific
+    assert train[0][0].shape == (4, 3, 16, 16) and train[0][0].dtype == torch.uint8
+    assert [train.targets.count(k) for k in range(4)] == [60] * 4
+
+    def stack(dataset):
+        clips, labels = zip(*(dataset[i] for i in range(len(dataset))))
+        return torch.stack(clips), torch.tensor(labels)
+
+    (train_clips, train_y), (val_clips, val_y) = stack(train), stack(val)
+
+    def accuracy(train_x, test_x):
+        layer = train_linear_classifier(train_x, train_y, 4, weight_decay=1e-2)
+        with torch.no_grad():
+            return float((layer(test_x).argmax(1) == val_y).float().mean())
+
+    # One frame: pixels and the object's position are independent of the direction.
+    single = accuracy(train_clips[:, 1].flatten(1).float() / 255, val_clips[:, 1].flatten(1).float() / 255)
+    position = accuracy(_circular_centroids(train_clips)[:, 1], _circular_centroids(val_clips)[:, 1])
+    assert single < 0.45 and position < 0.45  # chance is 0.25
+    # Two frames: the centroid's displacement gives the direction away.
+    def displacement(clips):
+        angles = _circular_centroids(clips)
+        step = angles[:, 1:] - angles[:, :-1]
+        return torch.atan2(step.sin(), step.cos()).mean(1)  # wrapped to (-pi, pi]
+
+    motion = accuracy(displacement(train_clips), displacement(val_clips))
+    assert motion > 0.9

@@ -1,0 +1,112 @@
+"""Generated labelled clips whose class is the motion, not the appearance (issue 8, in progress).
+
+Each clip shows one shape (any of the ten image classes, random size, rotation and colour) on a
+plain, lightly noisy background, moving at constant velocity on a torus: it leaves one edge and
+comes back at the opposite one. The label is the direction of motion. Because of the wrap-around
+the object's position in any single frame is uniform over the image whatever the direction, so
+no single frame carries the label: a probe has to use time (``tests/test_video.py`` checks both
+halves of that claim on pixels).
+
+Clips are ``uint8 [T, 3, H, W]``, deterministic per ``(seed, split, index)``, rendered with the
+image generator's own shape functions (:mod:`ijepa.data.shapes`).
+"""
+
+from __future__ import annotations
+
+import colorsys
+import math
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from ijepa.data.shapes import _MIN_CONTRAST, CLASSES, _index_seed, _render, _rgb_dist
+
+DIRECTIONS: tuple[str, ...] = ("right", "down_right", "down", "down_left", "left", "up_left", "up", "up_right")
+
+
+class MovingShapesClips(Dataset):
+    """``num_samples`` clips of ``num_frames`` frames at ``image_size`` px; label = direction.
+
+    Args:
+        num_samples: clips in the split.
+        num_frames: frames per clip.
+        image_size: frame side in pixels.
+        split: ``train`` or ``val`` (independent draws).
+        seed: generator seed.
+        num_directions: 4 (right, down, left, up) or 8 (with the diagonals).
+        speed: (min, max) pixels per frame, drawn per clip.
+        radius: (min, max) shape radius as a fraction of ``image_size``.
+        transform: applied to the ``uint8 [T, 3, H, W]`` clip.
+    """
+
+    def __init__(self, num_samples: int, num_frames: int = 8, image_size: int = 32, split: str = "train", seed: int = 0,
+                 num_directions: int = 4, speed: tuple[float, float] = (1.0, 2.0), radius: tuple[float, float] = (0.12, 0.2),
+                 transform=None):
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
+        if num_frames < 2:
+            raise ValueError(f"num_frames must be >= 2 (motion needs two frames), got {num_frames}.")
+        if image_size < 8:
+            raise ValueError(f"image_size must be >= 8 pixels, got {image_size}.")
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}.")
+        if num_directions not in (4, 8):
+            raise ValueError(f"num_directions must be 4 or 8, got {num_directions}.")
+        if not 0 < speed[0] <= speed[1] < image_size / 2:
+            raise ValueError(f"speed must be (min, max) pixels per frame with 0 < min <= max < image_size / 2, got {speed}.")
+        if not 0 < radius[0] <= radius[1] <= 0.5:
+            raise ValueError(f"radius must be (min, max) with 0 < min <= max <= 0.5, got {radius}.")
+        self.num_samples, self.num_frames, self.image_size = num_samples, num_frames, image_size
+        self.split, self.seed, self.num_directions = split, seed, num_directions
+        self.speed, self.radius, self.transform = tuple(speed), tuple(radius), transform
+        self.directions = DIRECTIONS[:: 8 // num_directions]
+        self.targets = [i % num_directions for i in range(num_samples)]
+
+    @property
+    def num_classes(self) -> int:
+        return self.num_directions
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def clip_parameters(self, index: int) -> dict:
+        """Everything random about clip ``index``: shape, colours, start, velocity."""
+        g = torch.Generator().manual_seed(_index_seed(self.seed, self.split, index))
+        u = torch.rand(12, generator=g, dtype=torch.float64).tolist()
+        size = self.image_size
+        angle = 2 * math.pi * self.targets[index] / self.num_directions  # 0 = right, clockwise in image coordinates
+        speed = self.speed[0] + (self.speed[1] - self.speed[0]) * u[0]
+        radius = size * (self.radius[0] + (self.radius[1] - self.radius[0]) * u[1])
+        theta = 2 * math.pi * u[2]
+        fg = colorsys.hsv_to_rgb(u[3], 0.65 + 0.35 * u[4], 0.75 + 0.25 * u[5])
+        bg = colorsys.hsv_to_rgb(u[6], 0.35 * u[7], 0.05 + 0.9 * u[8])
+        if _rgb_dist(fg, bg) < _MIN_CONTRAST:
+            bg = max(((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)), key=lambda c: _rgb_dist(c, fg))
+        return dict(shape=int(u[9] * len(CLASSES)) % len(CLASSES), x0=size * u[10], y0=size * u[11],
+                    vx=speed * math.cos(angle), vy=speed * math.sin(angle), radius=radius,
+                    c=math.cos(theta) / radius, s=math.sin(theta) / radius, fg=fg, bg=bg,
+                    noise=torch.randn(self.num_frames, 3, size, size, generator=g))
+
+    def render(self, index: int) -> Tensor:
+        """Clip ``index`` as ``uint8 [T, 3, H, W]``."""
+        p, size = self.clip_parameters(index), self.image_size
+        frames = []
+        for t in range(self.num_frames):
+            cx, cy = (p["x0"] + p["vx"] * t) % size, (p["y0"] + p["vy"] * t) % size
+            # the torus: the shape and its copies one image-width away, so it wraps at the edges
+            reach = 1.5 * p["radius"]  # every shape fits in a disc of its radius * sqrt(2)
+            copies = [dict(cx=cx + dx, cy=cy + dy, c=p["c"], s=p["s"], fg=p["fg"])
+                      for dx in (-size, 0, size) for dy in (-size, 0, size)
+                      if -reach < cx + dx < size + reach and -reach < cy + dy < size + reach]
+            frames.append(dict(label=p["shape"], objects=copies, bg=p["bg"], noise=p["noise"][t]))
+        return _render(frames, size, "plain")
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        if not -self.num_samples <= index < self.num_samples:
+            raise IndexError(f"index {index} out of range for {self.num_samples} clips")
+        index %= self.num_samples
+        clip = self.render(index)
+        if self.transform is not None:
+            clip = self.transform(clip)
+        return clip, self.targets[index]
