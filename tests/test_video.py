@@ -235,3 +235,43 @@ def test_moving_shapes_need_time_one_frame_does_not_tell_the_direction():
 
     motion = accuracy(displacement(train_clips), displacement(val_clips))
     assert motion > 0.9
+
+
+@pytest.mark.parametrize("pos_embed, mode", [("sincos_3d", "per_block"), ("mrope", "one_pass"), ("learned_3d", "per_block")])
+def test_a_video_jepa_step_composes_and_learns(pos_embed, mode):
+    """Clip encoder + predictor on the 3D grid + spatio-temporal masks: the I-JEPA loss on one
+    batch of generated clips falls under AdamW, for per-block and one-pass prediction."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from ijepa.data.moving_shapes import MovingShapesClips
+    from ijepa.masks import SpatioTemporalMaskSampler
+    from ijepa.nn import Predictor, gather_patches
+    from ijepa.nn.video import VideoVisionTransformer
+
+    torch.manual_seed(0)
+    data = MovingShapesClips(8, num_frames=4, image_size=16)
+    clips = torch.stack([data[i][0] for i in range(8)]).float().div(255).permute(0, 2, 1, 3, 4)  # [B, C, T, H, W]
+    encoder = VideoVisionTransformer(num_frames=4, image_size=16, tubelet_size=2, patch_size=4, embed_dim=32, depth=2,
+                                     num_heads=2, pos_embed=pos_embed)
+    target_encoder = copy.deepcopy(encoder).requires_grad_(False)
+    predictor = Predictor(encoder.grid, 32, 16, depth=2, num_heads=2, pos_embed=pos_embed, mode=mode)
+    sampler = SpatioTemporalMaskSampler(2, 4, num_target_blocks=2, target_scale=(0.15, 0.2), min_keep=4)
+    context_indices, target_indices = sampler(8, torch.Generator().manual_seed(0))
+    frame_times = torch.tensor([[0.0, 0.2]]).expand(8, -1)  # two temporal tokens, 0.2 s apart
+    optimizer = torch.optim.AdamW([*encoder.parameters(), *predictor.parameters()], lr=1e-3)
+    losses = []
+    for _ in range(12):
+        with torch.no_grad():
+            features = target_encoder(clips, frame_times=frame_times)
+            targets = gather_patches(F.layer_norm(features, (32,)), target_indices.flatten(1)).view(8, 2, -1, 32)
+        context = encoder(clips, context_indices, frame_times)
+        predictions = predictor(context, context_indices, target_indices, frame_times=frame_times)
+        loss = F.smooth_l1_loss(predictions, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert predictions.shape == targets.shape == (8, 2, target_indices.size(2), 32)
+    assert losses[-1] < 0.85 * losses[0], losses

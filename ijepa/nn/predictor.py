@@ -21,7 +21,9 @@ class Predictor(nn.Module):
     appended; after the transformer the target tokens are projected back to the encoder width.
 
     ``forward(context [B, Kc, D], context_indices [B, Kc], target_indices [B, M, Kt] or [B, Kt])``
-    returns ``[B, M, Kt, D]`` (or ``[B, Kt, D]``).
+    returns ``[B, M, Kt, D]`` (or ``[B, Kt, D]``). ``grid_size`` is the side of an image grid, or
+    ``(T', H', W')`` for clips with a video position encoding (``sincos_3d``, ``learned_3d``,
+    ``mrope``; M-RoPE also takes ``frame_times [B, T']``).
 
     ``mode`` says how M target blocks are predicted:
 
@@ -39,7 +41,7 @@ class Predictor(nn.Module):
 
     def __init__(
         self,
-        grid_size: int,
+        grid_size: int | tuple[int, int, int],
         embed_dim: int = 192,
         predictor_embed_dim: int = 96,
         depth: int = 6,
@@ -55,11 +57,16 @@ class Predictor(nn.Module):
             raise ValueError(f"predictor mode must be one of {PREDICTOR_MODES}, got {mode!r}.")
         self.mode = mode
         self.grid_size = grid_size
-        self.num_patches = grid_size * grid_size
         self.embed_dim = embed_dim
         self.input_proj = nn.Linear(embed_dim, predictor_embed_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, predictor_embed_dim))
-        position = build_position_embedding(pos_embed, grid_size, grid_size, predictor_embed_dim, num_heads)
+        if isinstance(grid_size, int):
+            position = build_position_embedding(pos_embed, grid_size, grid_size, predictor_embed_dim, num_heads)
+        else:  # a video grid (T', H', W')
+            from ijepa.nn.video import build_video_position_embedding
+
+            position = build_video_position_embedding(pos_embed, tuple(grid_size), predictor_embed_dim, num_heads)
+        self.num_patches = position.num_positions
         self.transformer = Transformer(
             predictor_embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate
         )
@@ -81,8 +88,15 @@ class Predictor(nn.Module):
         """The predictor's position encoding."""
         return self.transformer.position
 
+    def _position_inputs(self, frame_times: torch.Tensor | None, repeats: int = 1) -> dict:
+        """Extra inputs of the position encoding: M-RoPE's frame times (rows repeated per block)."""
+        if frame_times is None or not hasattr(self.position, "coordinates"):
+            return {}
+        return {"frame_times": frame_times.repeat_interleave(repeats, dim=0)}
+
     def forward(
-        self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor
+        self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor,
+        frame_times: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if context.dim() != 3 or context.size(-1) != self.embed_dim:
             raise ValueError(f"context must have shape [B, Kc, {self.embed_dim}], got {tuple(context.shape)}.")
@@ -105,7 +119,7 @@ class Predictor(nn.Module):
 
         if self.mode == "one_pass":
             flat_targets = target_indices.view(batch, num_blocks * num_targets)
-            prediction = self._one_pass(context, context_indices, flat_targets, num_blocks)
+            prediction = self._one_pass(context, context_indices, flat_targets, num_blocks, frame_times)
             prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
             return prediction.squeeze(1) if single_block else prediction
 
@@ -117,13 +131,14 @@ class Predictor(nn.Module):
 
         tokens = torch.cat([x, queries], dim=1)
         indices = torch.cat([context_indices, target_indices], dim=1)
-        tokens = self.transformer(tokens, indices)
+        tokens = self.transformer(tokens, indices, **self._position_inputs(frame_times, num_blocks))
         prediction = self.output_proj(tokens[:, -num_targets:])  # [B*M, Kt, D]
         prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
         return prediction.squeeze(1) if single_block else prediction
 
     def _one_pass(
-        self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor, num_blocks: int
+        self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor, num_blocks: int,
+        frame_times: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[B, Kc, D]``, ``[B, Kc]``, ``[B, M*Kt]`` -> predictions ``[B, M*Kt, D]``."""
         batch, num_context = context_indices.shape
@@ -133,7 +148,7 @@ class Predictor(nn.Module):
         tokens = torch.cat([x, queries], dim=1)
         indices = torch.cat([context_indices, target_indices], dim=1)
         layout = BlockLayout(num_context, num_blocks, target_indices.size(1) // num_blocks)
-        tokens = self.transformer(tokens, indices, attn_mask=layout)
+        tokens = self.transformer(tokens, indices, attn_mask=layout, **self._position_inputs(frame_times))
         return self.output_proj(tokens[:, num_context:])
 
 
