@@ -98,7 +98,7 @@ def _(hp, image, mask_overlay, mo, sampler, seed, to_png, torch):
 
 
 @app.cell
-def _(heat_image, mask_statistics, mo, sampler):
+def _(heat_image, mask_statistics, mo, sampler, to_png):
     stats = mask_statistics(sampler, batch_size=64, num_batches=10)
     _lengths = stats["context_lengths"]
     mo.vstack([

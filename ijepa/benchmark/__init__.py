@@ -31,7 +31,6 @@ import resource
 import statistics
 import time
 from contextlib import nullcontext
-from unittest import mock
 
 import torch
 
