@@ -63,6 +63,10 @@ class IJEPA(L.LightningModule):
         weight_decay: AdamW weight decay at step 0 (not on biases, norms, position tables, mask token).
         final_weight_decay: weight decay at the last step (cosine schedule).
         betas: AdamW betas.
+        num_frames: 0 for images; for clips ``[B, C, T, H, W]`` the frames per clip, with a tubelet
+            encoder and a video ``pos_embed`` / ``predictor_pos_embed`` (sincos_3d, learned_3d,
+            mrope). Video support is in progress: see ``ijepa/nn/video.py``.
+        tubelet_size: frames per tubelet (clips only).
         compile: wrap the encoders and predictor in ``torch.compile`` (state-dict keys unchanged).
         debug_checks: run the host-syncing index range checks inside every step (off: the
             indices come from the mask sampler and the collator checks them on the CPU).
@@ -92,6 +96,8 @@ class IJEPA(L.LightningModule):
         weight_decay: float = 0.04,
         final_weight_decay: float = 0.4,
         betas: tuple[float, float] = (0.9, 0.999),
+        num_frames: int = 0,
+        tubelet_size: int = 2,
         compile: bool = False,
         debug_checks: bool = False,
     ):
@@ -107,13 +113,25 @@ class IJEPA(L.LightningModule):
         # How checkpoints from another resolution are adapted on load; the
         # PositionEmbeddingInterpolation callback sets these from the config.
         self.position_interpolation = {"mode": "bicubic", "antialias": False}
-        self.encoder = VisionTransformer(
-            image_size, patch_size, in_channels, embed_dim, depth, num_heads, mlp_ratio,
-            drop_path_rate=drop_path_rate, pos_embed=pos_embed,
-        )
+        if num_frames < 0:
+            raise ValueError(f"num_frames must be 0 (images) or a positive frame count, got {num_frames}.")
+        if num_frames:
+            from ijepa.nn.video import VideoVisionTransformer
+
+            self.encoder = VideoVisionTransformer(
+                num_frames, image_size, tubelet_size, patch_size, in_channels, embed_dim, depth, num_heads,
+                mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=pos_embed,
+            )
+            grid = self.encoder.grid
+        else:
+            self.encoder = VisionTransformer(
+                image_size, patch_size, in_channels, embed_dim, depth, num_heads, mlp_ratio,
+                drop_path_rate=drop_path_rate, pos_embed=pos_embed,
+            )
+            grid = self.encoder.grid_size
         self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
         self.predictor = Predictor(
-            self.encoder.grid_size, embed_dim, predictor_embed_dim, predictor_depth, predictor_num_heads,
+            grid, embed_dim, predictor_embed_dim, predictor_depth, predictor_num_heads,
             mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=predictor_pos_embed, mode=predictor_mode,
         )
 
@@ -156,17 +174,19 @@ class IJEPA(L.LightningModule):
     def jepa_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss and the target encoder's features of every patch ``[B, N, D]`` (before the
         layer norm), for monitors that need them."""
-        images = batch["images"]
+        images = batch["images"]  # or clips [B, C, T, H, W]
         context_indices, target_indices = batch["context_indices"], batch["target_indices"]
         batch_size, num_blocks, num_targets = target_indices.shape
+        # Clips may carry frame_times [B, T'] (seconds), which M-RoPE turns into temporal positions.
+        times = {"frame_times": batch["frame_times"]} if batch.get("frame_times") is not None else {}
         with index_checks(self.hparams.debug_checks):
             with torch.no_grad():
-                target_features = self.target_encoder(images)
+                target_features = self.target_encoder(images, **times)
                 normed = F.layer_norm(target_features, target_features.shape[-1:])
                 targets = gather_patches(normed, target_indices.flatten(1))
                 targets = targets.view(batch_size, num_blocks, num_targets, -1)
-            context = self.encoder(images, context_indices)
-            predictions = self.predictor(context, context_indices, target_indices)
+            context = self.encoder(images, context_indices, **times)
+            predictions = self.predictor(context, context_indices, target_indices, **times)
         if self.hparams.loss == "mse":
             loss = F.mse_loss(predictions.float(), targets.float())
         else:

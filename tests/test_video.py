@@ -275,3 +275,41 @@ def test_a_video_jepa_step_composes_and_learns(pos_embed, mode):
         losses.append(loss.item())
     assert predictions.shape == targets.shape == (8, 2, target_indices.size(2), 32)
     assert losses[-1] < 0.85 * losses[0], losses
+
+
+def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
+    import lightning as L
+
+    from ijepa.data.moving_shapes import MovingShapesClips
+    from ijepa.masks import SpatioTemporalMaskSampler
+    from ijepa.module import IJEPA
+    from ijepa.nn.video import VideoVisionTransformer
+
+    torch.manual_seed(0)
+    model = IJEPA(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, predictor_embed_dim=16,
+                  predictor_depth=1, predictor_num_heads=2, pos_embed="mrope", predictor_pos_embed="mrope",
+                  num_frames=4, tubelet_size=2)
+    assert isinstance(model.encoder, VideoVisionTransformer) and model.predictor.num_patches == 2 * 4 * 4
+    data = MovingShapesClips(8, num_frames=4, image_size=16)
+    clips = torch.stack([data[i][0] for i in range(8)]).float().div(255).permute(0, 2, 1, 3, 4)
+    context, targets = SpatioTemporalMaskSampler(2, 4, num_target_blocks=2, target_scale=(0.15, 0.2))(8)
+    batch = {"images": clips, "context_indices": context, "target_indices": targets,
+             "frame_times": torch.tensor([[0.0, 0.2]]).expand(8, -1)}
+    optimizer = model.build_optimizer()
+    losses = []
+    for _ in range(10):
+        loss = model.jepa_loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    assert model.features(clips).shape == (8, 32) and model.features(clips, last_blocks=2).shape == (8, 64)
+
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, max_steps=0)
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(tmp_path / "clip.ckpt")
+    reloaded = IJEPA.load_from_checkpoint(tmp_path / "clip.ckpt", map_location="cpu")
+    torch.testing.assert_close(reloaded.jepa_loss(batch), model.jepa_loss(batch))
+    with pytest.raises(ValueError, match="num_frames must be 0"):
+        IJEPA(num_frames=-1)

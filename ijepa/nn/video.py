@@ -223,6 +223,16 @@ class VideoVisionTransformer(nn.Module):
     def position(self) -> VideoPositionEncoding:
         return self.transformer.position
 
+    def pooled_features(self, clips: torch.Tensor, last_blocks: int = 1, frame_times: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean over all tokens of the last ``last_blocks`` blocks' normed outputs, concatenated:
+        ``[B, C, T, H, W] -> [B, last_blocks * D]`` (as :meth:`VisionTransformer.pooled_features`)."""
+        if last_blocks == 1:
+            return self(clips, frame_times=frame_times).mean(dim=1)
+        indices = torch.arange(self.num_patches, device=clips.device).expand(clips.size(0), -1)
+        tokens = self.position.add_to_tokens(self.patch_embed(clips), indices)
+        outputs = self.transformer.last_block_outputs(tokens, indices, last_blocks)
+        return torch.cat([output.mean(dim=1) for output in outputs], dim=-1)
+
     def forward(self, clips: torch.Tensor, patch_indices: torch.Tensor | None = None,
                 frame_times: torch.Tensor | None = None) -> torch.Tensor:
         tokens = self.patch_embed(clips)  # [B, N, D]
