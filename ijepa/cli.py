@@ -23,6 +23,9 @@ class IJEPACLI(LightningCLI):
         # copied to the other, so masks and model always agree on the grid.
         parser.link_arguments("data.image_size", "model.image_size")
         parser.link_arguments("model.patch_size", "data.patch_size")
+        # Clips: the frame count belongs to the data, the tubelet depth to the model.
+        parser.link_arguments("data.num_frames", "model.num_frames")
+        parser.link_arguments("model.tubelet_size", "data.tubelet_size")
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI fills the model's arguments from the checkpoint's hyperparameters. Keep

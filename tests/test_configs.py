@@ -23,8 +23,13 @@ def test_config_builds(config, tmp_path):
     # the patch grid is defined once: the data's image size and the model's patch size agree
     assert model.hparams.image_size == data.hparams.image_size
     assert data.hparams.patch_size == model.hparams.patch_size
-    assert data.grid_size == model.encoder.grid_size
     callbacks = {type(cb).__name__ for cb in cli.trainer.callbacks}
+    if data.hparams.num_frames:  # clips: the token grid (T', H', W') is defined once too
+        assert model.hparams.num_frames == data.hparams.num_frames
+        assert (data.mask_sampler.grid_time, data.grid_size, data.grid_size) == model.encoder.grid
+        assert {"EMATargetUpdate", "KNNProbe", "LinearProbe", "ModelCheckpoint", "CollapseMonitor"} <= callbacks
+        return
+    assert data.grid_size == model.encoder.grid_size
     assert {"EMATargetUpdate", "KNNProbe", "ModelCheckpoint", "PositionSimilarityImages", "PositionEmbeddingInterpolation", "CollapseMonitor", "JEPAImages"} <= callbacks
 
 

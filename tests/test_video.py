@@ -313,3 +313,37 @@ def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
     torch.testing.assert_close(reloaded.jepa_loss(batch), model.jepa_loss(batch))
     with pytest.raises(ValueError, match="num_frames must be 0"):
         IJEPA(num_frames=-1)
+
+
+def test_datamodule_clip_mode_batches():
+    from ijepa.data import IJEPADataModule
+
+    data = IJEPADataModule(dataset="moving_shapes", num_frames=4, tubelet_size=2, image_size=16, patch_size=4,
+                           batch_size=8, num_workers=0, crop_scale=None, shapes_train_size=32, shapes_val_size=16,
+                           target_scale=(0.1, 0.15), min_keep=4)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    assert batch["images"].shape == (8, 3, 4, 16, 16) and batch["images"].dtype == torch.float32
+    assert batch["context_indices"].max() < 2 * 4 * 4 and batch["target_indices"].max() < 2 * 4 * 4
+    probe_batch = next(iter(data.knn_test_dataloader()))
+    assert probe_batch["images"].shape[1:] == (3, 4, 16, 16) and data.num_classes == 4
+    with pytest.raises(ValueError, match="num_frames must be > 0 exactly for dataset 'moving_shapes'"):
+        IJEPADataModule(dataset="moving_shapes")
+    with pytest.raises(ValueError, match="must be a positive multiple of tubelet_size=2"):
+        IJEPADataModule(dataset="moving_shapes", num_frames=3)
+
+
+def test_video_quickstart_config_fits_through_the_cli(tmp_path):
+    from pathlib import Path
+    from unittest import mock
+
+    from ijepa.cli import build_cli
+
+    config = Path(__file__).parents[1] / "configs" / "video_quickstart.yaml"
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = build_cli(["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.logger=false",
+                         f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false",
+                         "--data.shapes_train_size=64", "--data.shapes_val_size=32", "--data.batch_size=16",
+                         "--data.num_workers=0", "--data.knn_batch_size=32"])
+    assert cli.trainer.global_step == 2
+    assert cli.model.encoder.grid == (2, 4, 4) and torch.isfinite(cli.trainer.callback_metrics["train/loss"])

@@ -19,12 +19,22 @@ from ijepa.data.sampling import (
     mix_seed,
 )
 from ijepa.data.stl10 import STL10
-from ijepa.masks import MaskCollator, MultiBlockMaskSampler
+from ijepa.masks import MaskCollator, MultiBlockMaskSampler, SpatioTemporalMaskSampler
 from ijepa.nn.patch import grid_size
 
-DATASETS = ("stl10", "imagefolder", "shapes")
+DATASETS = ("stl10", "imagefolder", "shapes", "moving_shapes")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class ClipToTensor:
+    """``uint8 [T, 3, H, W]`` clip -> normalised float ``[3, T, H, W]`` (channels first, as Conv3d
+    takes them)."""
+
+    def __call__(self, clip: torch.Tensor) -> torch.Tensor:
+        mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+        std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+        return ((clip.float() / 255 - mean) / std).permute(1, 0, 2, 3).contiguous()
 
 
 def labeled_collate(samples: list) -> dict[str, torch.Tensor]:
@@ -58,6 +68,9 @@ class IJEPADataModule(L.LightningDataModule):
       and not pretrained on. Unreadable files raise an error naming them, or with
       ``bad_images="skip"`` are skipped with a warning.
     * ``shapes``: generated labelled shapes (:mod:`ijepa.data.shapes`), fully offline.
+    * ``moving_shapes``: generated labelled clips whose class is the direction of motion
+      (:mod:`ijepa.data.moving_shapes`); batches hold clips ``[B, 3, T, H, W]`` under
+      ``images`` and spatio-temporal masks. Needs ``num_frames > 0`` (video: in progress).
 
     Loaders: ``train_dataloader`` / ``val_dataloader`` / ``test_dataloader`` yield masked batches
     (see :class:`ijepa.masks.MaskCollator`); ``knn_train_dataloader`` / ``knn_test_dataloader`` /
@@ -91,6 +104,12 @@ class IJEPADataModule(L.LightningDataModule):
         seed: seed of the generated data and, mixed with the run's seed, of order, augmentations
             and masks.
         bad_images: what to do with unreadable files of an image folder: error or skip.
+        num_frames: frames per clip (moving_shapes; linked to ``model.num_frames`` by the CLI);
+            0 for images.
+        tubelet_size: frames per tubelet (linked from ``model.tubelet_size`` by the CLI).
+        temporal_scale: range of the share of the frames a target block spans (clips).
+        clip_directions: 4 or 8 motion classes (moving_shapes).
+        clip_speed: range of the motion speed in pixels per frame (moving_shapes).
     """
 
     def __init__(
@@ -119,6 +138,11 @@ class IJEPADataModule(L.LightningDataModule):
         shapes_radius: tuple[float, float] = (0.2, 0.42),
         seed: int = 0,
         bad_images: str = "error",
+        num_frames: int = 0,
+        tubelet_size: int = 2,
+        temporal_scale: tuple[float, float] = (1.0, 1.0),
+        clip_directions: int = 4,
+        clip_speed: tuple[float, float] = (1.0, 2.0),
     ):
         super().__init__()
         if dataset not in DATASETS:
@@ -135,10 +159,21 @@ class IJEPADataModule(L.LightningDataModule):
         if crop_scale is not None and not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
             raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, or null; got {crop_scale}.")
         self.save_hyperparameters()
+        if (dataset == "moving_shapes") != (num_frames > 0):
+            raise ValueError(f"num_frames must be > 0 exactly for dataset 'moving_shapes' (clips), got num_frames={num_frames} "
+                             f"with dataset={dataset!r}.")
         self.grid_size = grid_size(image_size, patch_size)
-        self.mask_sampler = MultiBlockMaskSampler(
-            self.grid_size, num_target_blocks, target_scale, target_aspect_ratio, context_scale, min_keep=min_keep
-        )
+        if num_frames:
+            if tubelet_size < 1 or num_frames % tubelet_size:
+                raise ValueError(f"num_frames={num_frames} must be a positive multiple of tubelet_size={tubelet_size}.")
+            self.mask_sampler = SpatioTemporalMaskSampler(
+                num_frames // tubelet_size, self.grid_size, num_target_blocks, target_scale, target_aspect_ratio,
+                temporal_scale, min_keep=min_keep,
+            )
+        else:
+            self.mask_sampler = MultiBlockMaskSampler(
+                self.grid_size, num_target_blocks, target_scale, target_aspect_ratio, context_scale, min_keep=min_keep
+            )
         self.num_classes = 10
         self._splits: dict[str, Dataset] = {}
 
@@ -171,7 +206,8 @@ class IJEPADataModule(L.LightningDataModule):
         if self._splits:
             return
         self.mask_sampler.check()
-        builder = {"stl10": self._stl10, "imagefolder": self._imagefolder, "shapes": self._shapes}
+        builder = {"stl10": self._stl10, "imagefolder": self._imagefolder, "shapes": self._shapes,
+                   "moving_shapes": self._moving_shapes}
         self._splits = builder[self.hparams.dataset]()
 
     def _stl10(self) -> dict[str, Dataset]:
@@ -250,6 +286,21 @@ class IJEPADataModule(L.LightningDataModule):
         knn_train_set.transform = self.eval_transform()
         self.num_classes = train_set.num_classes
         return {"pretrain": train_set, "val": val_set, "knn_train": knn_train_set, "knn_test": val_set}
+
+    def _moving_shapes(self) -> dict[str, Dataset]:
+        from ijepa.data.moving_shapes import MovingShapesClips
+
+        hp = self.hparams
+        # Clips are rendered at the model's size; the transform only normalises and puts channels first.
+        def make(split: str, size: int) -> MovingShapesClips:
+            return MovingShapesClips(size, hp.num_frames, hp.image_size, split=split, seed=hp.seed,
+                                     num_directions=hp.clip_directions, speed=tuple(hp.clip_speed),
+                                     transform=ClipToTensor())
+
+        train_set = make("train", hp.shapes_train_size)
+        val_set = make("val", hp.shapes_val_size)
+        self.num_classes = train_set.num_classes
+        return {"pretrain": train_set, "val": val_set, "knn_train": train_set, "knn_test": val_set}
 
     def split(self, name: str) -> Dataset:
         """One of the datasets ``pretrain``, ``val``, ``knn_train``, ``knn_test``."""
