@@ -179,7 +179,7 @@ def python_masks(
         return h, w
 
     def block_mask(h, w, acceptable=None, tries=20):
-        for _ in range(tries if acceptable is not None else 1 << 30):
+        for _ in range(tries):  # a block with no `acceptable` regions is returned on the first try
             top = int(torch.randint(0, grid_size - h + 1, (1,), generator=generator))
             left = int(torch.randint(0, grid_size - w + 1, (1,), generator=generator))
             mask = torch.zeros((grid_size, grid_size), dtype=torch.int32)

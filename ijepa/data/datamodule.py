@@ -31,10 +31,12 @@ class ClipToTensor:
     """``uint8 [T, 3, H, W]`` clip -> normalised float ``[3, T, H, W]`` (channels first, as Conv3d
     takes them)."""
 
+    def __init__(self):
+        self.mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+        self.std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+
     def __call__(self, clip: torch.Tensor) -> torch.Tensor:
-        mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-        return ((clip.float() / 255 - mean) / std).permute(1, 0, 2, 3).contiguous()
+        return ((clip.float() / 255 - self.mean) / self.std).permute(1, 0, 2, 3).contiguous()
 
 
 def labeled_collate(samples: list) -> dict[str, torch.Tensor]:

@@ -52,6 +52,10 @@ class PositionEncoding(nn.Module):
     Subclasses override the hooks they act through; the defaults do nothing.
     """
 
+    # Whether attention_positions takes ``frame_times [B, T']`` (M-RoPE's timestamps); the
+    # Transformer passes them only to encodings that do.
+    takes_frame_times = False
+
     def __init__(self, grid_height: int, grid_width: int, embed_dim: int):
         super().__init__()
         check_positive(grid_height, "grid_height")

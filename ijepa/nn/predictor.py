@@ -88,12 +88,6 @@ class Predictor(nn.Module):
         """The predictor's position encoding."""
         return self.transformer.position
 
-    def _position_inputs(self, frame_times: torch.Tensor | None, repeats: int = 1) -> dict:
-        """Extra inputs of the position encoding: M-RoPE's frame times (rows repeated per block)."""
-        if frame_times is None or not hasattr(self.position, "coordinates"):
-            return {}
-        return {"frame_times": frame_times.repeat_interleave(repeats, dim=0)}
-
     def forward(
         self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor,
         frame_times: torch.Tensor | None = None,
@@ -131,7 +125,9 @@ class Predictor(nn.Module):
 
         tokens = torch.cat([x, queries], dim=1)
         indices = torch.cat([context_indices, target_indices], dim=1)
-        tokens = self.transformer(tokens, indices, **self._position_inputs(frame_times, num_blocks))
+        if frame_times is not None:
+            frame_times = frame_times.repeat_interleave(num_blocks, dim=0)  # one row per sequence
+        tokens = self.transformer(tokens, indices, frame_times=frame_times)
         prediction = self.output_proj(tokens[:, -num_targets:])  # [B*M, Kt, D]
         prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
         return prediction.squeeze(1) if single_block else prediction
@@ -148,7 +144,7 @@ class Predictor(nn.Module):
         tokens = torch.cat([x, queries], dim=1)
         indices = torch.cat([context_indices, target_indices], dim=1)
         layout = BlockLayout(num_context, num_blocks, target_indices.size(1) // num_blocks)
-        tokens = self.transformer(tokens, indices, attn_mask=layout, **self._position_inputs(frame_times))
+        tokens = self.transformer(tokens, indices, attn_mask=layout, frame_times=frame_times)
         return self.output_proj(tokens[:, num_context:])
 
 

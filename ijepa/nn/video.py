@@ -131,6 +131,7 @@ class MultimodalRotaryPositionEmbedding(VideoPositionEncoding):
     """
 
     needs_num_heads = True
+    takes_frame_times = True
 
     def __init__(self, grid_time: int, grid_height: int, grid_width: int, embed_dim: int, num_heads: int = 1,
                  sections: tuple[int, int, int] | None = None, base: float = 10_000.0, time_unit: float = 1.0):
@@ -146,7 +147,8 @@ class MultimodalRotaryPositionEmbedding(VideoPositionEncoding):
             raise ValueError(f"time_unit must be > 0 (seconds per temporal position), got {time_unit}.")
         self.sections = sections
         self.time_unit = time_unit
-        self.register_buffer("freqs", base ** -(torch.arange(pairs, dtype=torch.float32) * 2 / (2 * pairs)), persistent=False)
+        # 1D RoPE frequencies base^(-2j / head_dim), head_dim = 2 * pairs
+        self.register_buffer("freqs", base ** -(torch.arange(pairs, dtype=torch.float32) / pairs), persistent=False)
         self.register_buffer("axis", torch.repeat_interleave(torch.arange(3), torch.tensor(sections)), persistent=False)
 
     def coordinates(self, indices: torch.Tensor, frame_times: torch.Tensor | None = None) -> torch.Tensor:
@@ -226,12 +228,9 @@ class VideoVisionTransformer(nn.Module):
     def pooled_features(self, clips: torch.Tensor, last_blocks: int = 1, frame_times: torch.Tensor | None = None) -> torch.Tensor:
         """Mean over all tokens of the last ``last_blocks`` blocks' normed outputs, concatenated:
         ``[B, C, T, H, W] -> [B, last_blocks * D]`` (as :meth:`VisionTransformer.pooled_features`)."""
-        if last_blocks == 1:
-            return self(clips, frame_times=frame_times).mean(dim=1)
-        indices = torch.arange(self.num_patches, device=clips.device).expand(clips.size(0), -1)
-        tokens = self.position.add_to_tokens(self.patch_embed(clips), indices)
-        outputs = self.transformer.last_block_outputs(tokens, indices, last_blocks)
-        return torch.cat([output.mean(dim=1) for output in outputs], dim=-1)
+        from ijepa.nn.vit import pooled_block_features
+
+        return pooled_block_features(self, clips, last_blocks, frame_times)
 
     def forward(self, clips: torch.Tensor, patch_indices: torch.Tensor | None = None,
                 frame_times: torch.Tensor | None = None) -> torch.Tensor:
@@ -242,5 +241,4 @@ class VideoVisionTransformer(nn.Module):
             check_indices(patch_indices, self.num_patches, "patch_indices")
             tokens = gather_patches(tokens, patch_indices)
         tokens = self.position.add_to_tokens(tokens, patch_indices)
-        extra = {"frame_times": frame_times} if isinstance(self.position, MultimodalRotaryPositionEmbedding) else {}
-        return self.transformer(tokens, patch_indices, **extra)
+        return self.transformer(tokens, patch_indices, frame_times=frame_times)

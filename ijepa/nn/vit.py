@@ -86,23 +86,22 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, num_heads, mlp_ratio, qkv_bias, rate) for rate in rates)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
 
-    def forward(self, tokens: torch.Tensor, indices: torch.Tensor, attn_mask=None, **position_inputs) -> torch.Tensor:
-        # position_inputs: extra inputs of the position encoding, e.g. M-RoPE's frame_times.
-        positions = self.position.attention_positions(indices, **position_inputs)
-        for i, block in enumerate(self.blocks):
-            tokens = block(tokens, positions, attn_mask)
-            tokens = self.position.after_block(i, tokens, indices)
-        return self.norm(tokens)
+    def forward(self, tokens: torch.Tensor, indices: torch.Tensor, attn_mask=None,
+                frame_times: torch.Tensor | None = None) -> torch.Tensor:
+        return self.last_block_outputs(tokens, indices, 1, attn_mask, frame_times)[0]
 
-    def last_block_outputs(self, tokens: torch.Tensor, indices: torch.Tensor, count: int) -> list[torch.Tensor]:
+    def last_block_outputs(self, tokens: torch.Tensor, indices: torch.Tensor, count: int, attn_mask=None,
+                           frame_times: torch.Tensor | None = None) -> list[torch.Tensor]:
         """The outputs of the last ``count`` blocks, each through the final norm: ``count`` x
-        ``[B, K, D]``, the last equal to ``forward``. For probes on several blocks."""
+        ``[B, K, D]``, the last being ``forward``'s. ``frame_times [B, T']`` reach encodings that
+        take them (M-RoPE) and are ignored by the others."""
         if not 1 <= count <= len(self.blocks):
             raise ValueError(f"count must be in 1..{len(self.blocks)} (the depth), got {count}.")
-        positions = self.position.attention_positions(indices)
+        times = {"frame_times": frame_times} if frame_times is not None and self.position.takes_frame_times else {}
+        positions = self.position.attention_positions(indices, **times)
         outputs = []
         for i, block in enumerate(self.blocks):
-            tokens = self.position.after_block(i, block(tokens, positions), indices)
+            tokens = self.position.after_block(i, block(tokens, positions, attn_mask), indices)
             if i >= len(self.blocks) - count:
                 outputs.append(self.norm(tokens))
         return outputs
@@ -186,9 +185,15 @@ class VisionTransformer(nn.Module):
     def pooled_features(self, images: torch.Tensor, last_blocks: int = 1) -> torch.Tensor:
         """Mean over all patches of the last ``last_blocks`` blocks' normed outputs, concatenated:
         ``[B, C, H, W] -> [B, last_blocks * D]`` (oldest block first)."""
-        if last_blocks == 1:
-            return self(images).mean(dim=1)
-        indices = self.all_indices(images.size(0), images.device)
-        tokens = self.position.add_to_tokens(self.patch_embed(images), indices)
-        outputs = self.transformer.last_block_outputs(tokens, indices, last_blocks)
-        return torch.cat([output.mean(dim=1) for output in outputs], dim=-1)
+        return pooled_block_features(self, images, last_blocks)
+
+
+def pooled_block_features(encoder: nn.Module, inputs: torch.Tensor, last_blocks: int = 1,
+                          frame_times: torch.Tensor | None = None) -> torch.Tensor:
+    """For an image or clip encoder (``patch_embed``, ``position``, ``transformer``) on all its
+    tokens: the last ``last_blocks`` blocks' normed outputs, each mean-pooled, concatenated,
+    ``[B, last_blocks * D]``."""
+    indices = torch.arange(encoder.num_patches, device=inputs.device).expand(inputs.size(0), -1)
+    tokens = encoder.position.add_to_tokens(encoder.patch_embed(inputs), indices)
+    outputs = encoder.transformer.last_block_outputs(tokens, indices, last_blocks, frame_times=frame_times)
+    return torch.cat([output.mean(dim=1) for output in outputs], dim=-1)
