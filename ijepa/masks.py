@@ -226,12 +226,15 @@ class SpatioTemporalMaskSampler(MultiBlockMaskSampler):
 
 
 class MaskCollator:
-    """DataLoader ``collate_fn``: stacks ``(image, label)`` samples and samples masks for the batch.
+    """DataLoader ``collate_fn``: stacks ``(image, label)`` samples (or ``(clip, label,
+    frame_times)``) and samples masks for the batch.
 
-    Returns a dict with ``images [B, C, H, W]``, ``labels [B]``, ``context_indices [B, Kc]`` and
-    ``target_indices [B, M, Kt]``. Runs in the DataLoader's worker processes. Samples that carry a
-    third element, a per-sample seed (:class:`ijepa.data.sampling.SeededSamples`), seed the
-    batch's masks from all of them, so masks never depend on the worker or the global RNG.
+    Returns a dict with ``images [B, C, H, W]`` (clips ``[B, C, T, H, W]``), ``labels [B]``,
+    ``context_indices [B, Kc]``, ``target_indices [B, M, Kt]`` and, for clips that carry them,
+    ``frame_times [B, T]`` (seconds). Runs in the DataLoader's worker processes. Samples whose last
+    element is a per-sample seed (an ``int`` after the label, from
+    :class:`ijepa.data.sampling.SeededSamples`) seed the batch's masks from all of them, so masks
+    never depend on the worker or the global RNG.
     """
 
     def __init__(self, sampler: MultiBlockMaskSampler):
@@ -239,19 +242,21 @@ class MaskCollator:
 
     def __call__(self, samples: list) -> dict[str, torch.Tensor]:
         generator = None
-        if len(samples[0]) == 3:
+        if len(samples[0]) > 2 and isinstance(samples[0][-1], int):
             from ijepa.data.sampling import mix_seed
 
-            generator = torch.Generator().manual_seed(mix_seed(*(sample[2] for sample in samples)))
-            samples = [sample[:2] for sample in samples]
-        images, labels = default_collate(samples)
-        context_indices, target_indices = self.sampler(images.size(0), generator)
+            generator = torch.Generator().manual_seed(mix_seed(*(sample[-1] for sample in samples)))
+            samples = [sample[:-1] for sample in samples]
+        batch = collate_samples(samples)
+        context_indices, target_indices = self.sampler(batch["images"].size(0), generator)
         # The range check the model skips in its hot path, here on CPU tensors (no device sync).
         check_indices(context_indices, self.sampler.num_patches, "context_indices")
         check_indices(target_indices.flatten(1), self.sampler.num_patches, "target_indices")
-        return {
-            "images": images,
-            "labels": labels,
-            "context_indices": context_indices,
-            "target_indices": target_indices,
-        }
+        return {**batch, "context_indices": context_indices, "target_indices": target_indices}
+
+
+def collate_samples(samples: list) -> dict[str, torch.Tensor]:
+    """Stack ``(image, label)`` or ``(clip, label, frame_times)`` samples into ``{"images",
+    "labels"}`` (and ``"frame_times" [B, T]``)."""
+    columns = default_collate(samples)
+    return dict(zip(("images", "labels", "frame_times"), columns))

@@ -65,8 +65,12 @@ class IJEPA(L.LightningModule):
         betas: AdamW betas.
         num_frames: 0 for images; for clips ``[B, C, T, H, W]`` the frames per clip, with a tubelet
             encoder and a video ``pos_embed`` / ``predictor_pos_embed`` (sincos_3d, learned_3d,
-            mrope). Video support is in progress: see ``ijepa/nn/video.py``.
+            mrope); see ``docs/video.md``. A clip batch may carry ``frame_times [B, T]`` in seconds.
         tubelet_size: frames per tubelet (clips only).
+        time_unit: ``mrope`` with timestamps: seconds per temporal position, so a token's
+            temporal coordinate is ``frame_time / time_unit``. Set it near the spacing of
+            temporal tokens (``tubelet_size / clip_fps``) so timestamps rotate as much as frame
+            indices would; at 1 s a 0.1 s gap barely rotates anything.
         compile: wrap the encoders and predictor in ``torch.compile`` (state-dict keys unchanged).
         debug_checks: run the host-syncing index range checks inside every step (off: the
             indices come from the mask sampler and the collator checks them on the CPU).
@@ -98,6 +102,7 @@ class IJEPA(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.999),
         num_frames: int = 0,
         tubelet_size: int = 2,
+        time_unit: float = 1.0,
         compile: bool = False,
         debug_checks: bool = False,
     ):
@@ -121,18 +126,22 @@ class IJEPA(L.LightningModule):
             self.encoder = VideoVisionTransformer(
                 num_frames, image_size, tubelet_size, patch_size, in_channels, embed_dim, depth, num_heads,
                 mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=pos_embed,
+                **({"time_unit": time_unit} if pos_embed == "mrope" else {}),
             )
             grid = self.encoder.grid
+            predictor_options = {"time_unit": time_unit} if predictor_pos_embed == "mrope" else {}
         else:
             self.encoder = VisionTransformer(
                 image_size, patch_size, in_channels, embed_dim, depth, num_heads, mlp_ratio,
                 drop_path_rate=drop_path_rate, pos_embed=pos_embed,
             )
             grid = self.encoder.grid_size
+            predictor_options = {}
         self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
         self.predictor = Predictor(
             grid, embed_dim, predictor_embed_dim, predictor_depth, predictor_num_heads,
             mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=predictor_pos_embed, mode=predictor_mode,
+            **predictor_options,
         )
 
     def setup(self, stage: str) -> None:
@@ -156,16 +165,29 @@ class IJEPA(L.LightningModule):
         return self
 
     @torch.no_grad()
-    def features(self, images: torch.Tensor, encoder: str = "target", last_blocks: int = 1) -> torch.Tensor:
+    def features(self, images: torch.Tensor, encoder: str = "target", last_blocks: int = 1,
+                 frame_times: torch.Tensor | None = None) -> torch.Tensor:
         """Mean-pooled features of all patches, ``[B, C, H, W] -> [B, D]``, from the ``target``
         (default) or ``online`` encoder; with ``last_blocks=n`` the pooled, normed outputs of the
-        last n blocks concatenated, ``[B, n*D]``."""
+        last n blocks concatenated, ``[B, n*D]``. Clips ``[B, C, T, H, W]`` may come with
+        ``frame_times [B, T]`` (seconds)."""
         network = self.target_encoder if encoder == "target" else self.encoder
-        return network.pooled_features(images, last_blocks)
+        return network.pooled_features(images, last_blocks, **self._token_times(frame_times))
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Target-encoder features of every patch, ``[B, C, H, W] -> [B, N, D]``."""
-        return self.target_encoder(images)
+    def _token_times(self, frame_times: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        # A clip batch's per-frame timestamps [B, T] -> the encoders' per-token ones [B, T'].
+        if frame_times is None:
+            return {}
+        if not self.hparams.num_frames:
+            raise ValueError("frame_times were given for an image model (model.num_frames=0).")
+        from ijepa.nn.video import tubelet_times
+
+        return {"frame_times": tubelet_times(frame_times, self.hparams.tubelet_size)}
+
+    def forward(self, images: torch.Tensor, frame_times: torch.Tensor | None = None) -> torch.Tensor:
+        """Target-encoder features of every patch, ``[B, C, H, W] -> [B, N, D]`` (clips
+        ``[B, C, T, H, W]``, optionally with ``frame_times [B, T]``)."""
+        return self.target_encoder(images, **self._token_times(frame_times))
 
     def jepa_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The I-JEPA loss of one masked batch (see the class docstring for the shapes)."""
@@ -177,8 +199,8 @@ class IJEPA(L.LightningModule):
         images = batch["images"]  # or clips [B, C, T, H, W]
         context_indices, target_indices = batch["context_indices"], batch["target_indices"]
         batch_size, num_blocks, num_targets = target_indices.shape
-        # Clips may carry frame_times [B, T'] (seconds), which M-RoPE turns into temporal positions.
-        times = {"frame_times": batch["frame_times"]} if batch.get("frame_times") is not None else {}
+        # Clips may carry frame_times [B, T] (seconds), which M-RoPE turns into temporal positions.
+        times = self._token_times(batch.get("frame_times"))
         with index_checks(self.hparams.debug_checks):
             with torch.no_grad():
                 target_features = self.target_encoder(images, **times)
@@ -224,7 +246,7 @@ class IJEPA(L.LightningModule):
     def predict_step(self, batch, batch_idx: int) -> dict[str, torch.Tensor]:
         """Mean-pooled target features ``[B, D]`` and labels ``[B]`` of an ``(images, labels)`` batch."""
         images, labels = batch["images"], batch["labels"]
-        return {"features": self.features(images), "labels": labels}
+        return {"features": self.features(images, frame_times=batch.get("frame_times")), "labels": labels}
 
     # --- optimisation -----------------------------------------------------------------------
     def total_steps(self) -> int:

@@ -288,13 +288,13 @@ def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
     torch.manual_seed(0)
     model = IJEPA(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, predictor_embed_dim=16,
                   predictor_depth=1, predictor_num_heads=2, pos_embed="mrope", predictor_pos_embed="mrope",
-                  num_frames=4, tubelet_size=2)
+                  num_frames=4, tubelet_size=2, time_unit=0.2)
     assert isinstance(model.encoder, VideoVisionTransformer) and model.predictor.num_patches == 2 * 4 * 4
     data = MovingShapesClips(8, num_frames=4, image_size=16)
     clips = torch.stack([data[i][0] for i in range(8)]).float().div(255).permute(0, 2, 1, 3, 4)
     context, targets = SpatioTemporalMaskSampler(2, 4, num_target_blocks=2, target_scale=(0.15, 0.2))(8)
-    batch = {"images": clips, "context_indices": context, "target_indices": targets,
-             "frame_times": torch.tensor([[0.0, 0.2]]).expand(8, -1)}
+    frame_times = torch.tensor([[0.0, 0.1, 0.2, 0.3]]).expand(8, -1)  # per frame, 10 fps
+    batch = {"images": clips, "context_indices": context, "target_indices": targets, "frame_times": frame_times}
     optimizer = model.build_optimizer()
     losses = []
     for _ in range(10):
@@ -305,6 +305,22 @@ def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
         losses.append(loss.item())
     assert losses[-1] < losses[0]
     assert model.features(clips).shape == (8, 32) and model.features(clips, last_blocks=2).shape == (8, 64)
+    # Per-frame times reach M-RoPE as one time per tubelet (its first frame's), in units of
+    # time_unit: a 5 fps clip's tokens are 0.4 s apart, not 0.2 s, and the features change;
+    # shifting all times does not.
+    assert model.encoder.position.time_unit == model.predictor.transformer.position.time_unit == 0.2
+    with torch.no_grad():
+        at_10fps = model(clips, frame_times)
+        shifted = (model(clips, frame_times + 7.0) - at_10fps).abs().max()
+        slowed = (model(clips, 2 * frame_times) - at_10fps).abs().max()
+        assert shifted < 1e-4 and slowed > 100 * shifted, (shifted, slowed)
+        # and the probes' path: pooled features see the times too
+        pooled = model.features(clips, frame_times=frame_times)
+        shifted = (model.features(clips, frame_times=frame_times + 7.0) - pooled).abs().max()
+        slowed = (model.features(clips, frame_times=2 * frame_times) - pooled).abs().max()
+        assert shifted < 1e-4 and slowed > 100 * shifted, (shifted, slowed)
+    with pytest.raises(ValueError, match=r"frame_times must be \[B, T\] with T a multiple of tubelet_size=2"):
+        model(clips, frame_times[:, :3])
 
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, max_steps=0)
     trainer.strategy.connect(model)
@@ -327,7 +343,7 @@ def test_datamodule_clip_mode_batches():
     assert batch["context_indices"].max() < 2 * 4 * 4 and batch["target_indices"].max() < 2 * 4 * 4
     probe_batch = next(iter(data.knn_test_dataloader()))
     assert probe_batch["images"].shape[1:] == (3, 4, 16, 16) and data.num_classes == 4
-    with pytest.raises(ValueError, match="num_frames must be > 0 exactly for dataset 'moving_shapes'"):
+    with pytest.raises(ValueError, match="num_frames must be > 0 exactly for the clip datasets"):
         IJEPADataModule(dataset="moving_shapes")
     with pytest.raises(ValueError, match="must be a positive multiple of tubelet_size=2"):
         IJEPADataModule(dataset="moving_shapes", num_frames=3)

@@ -68,7 +68,9 @@ def extract_features(
     with trainer.precision_plugin.forward_context():
         for batch in loader:
             images = batch["images"].to(pl_module.device, non_blocking=True)
-            features.append(pl_module.features(images, encoder, last_blocks).float())
+            times = batch.get("frame_times")
+            times = None if times is None else times.to(pl_module.device, non_blocking=True)
+            features.append(pl_module.features(images, encoder, last_blocks, frame_times=times).float())
             labels.append(batch["labels"].to(pl_module.device))
     features, labels = torch.cat(features), torch.cat(labels)
     if world > 1:

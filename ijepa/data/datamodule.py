@@ -8,7 +8,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset, default_collate
+from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.transforms import v2
 
 from ijepa.data.imagefolder import BAD_IMAGE_POLICIES, RobustImageFolder
@@ -19,10 +19,11 @@ from ijepa.data.sampling import (
     mix_seed,
 )
 from ijepa.data.stl10 import STL10
-from ijepa.masks import MaskCollator, MultiBlockMaskSampler, SpatioTemporalMaskSampler
+from ijepa.masks import MaskCollator, MultiBlockMaskSampler, SpatioTemporalMaskSampler, collate_samples
 from ijepa.nn.patch import grid_size
 
-DATASETS = ("stl10", "imagefolder", "shapes", "moving_shapes")
+DATASETS = ("stl10", "imagefolder", "shapes", "moving_shapes", "videofolder")
+CLIP_DATASETS = ("moving_shapes", "videofolder")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -40,9 +41,9 @@ class ClipToTensor:
 
 
 def labeled_collate(samples: list) -> dict[str, torch.Tensor]:
-    """Stack ``(image, label)`` samples into ``{"images": [B, C, H, W], "labels": [B]}``."""
-    images, labels = default_collate(samples)
-    return {"images": images, "labels": labels}
+    """Stack ``(image, label)`` samples into ``{"images": [B, C, H, W], "labels": [B]}``; clips
+    with times give ``images [B, C, T, H, W]`` and ``frame_times [B, T]``."""
+    return collate_samples(samples)
 
 
 def holdout_split(labels: list[int], fraction: float) -> tuple[list[int], list[int]]:
@@ -72,7 +73,12 @@ class IJEPADataModule(L.LightningDataModule):
     * ``shapes``: generated labelled shapes (:mod:`ijepa.data.shapes`), fully offline.
     * ``moving_shapes``: generated labelled clips whose class is the direction of motion
       (:mod:`ijepa.data.moving_shapes`); batches hold clips ``[B, 3, T, H, W]`` under
-      ``images`` and spatio-temporal masks. Needs ``num_frames > 0`` (video: in progress).
+      ``images`` and spatio-temporal masks. Needs ``num_frames > 0``.
+    * ``videofolder``: ``root`` with class subfolders of video files, split like ``imagefolder``
+      (:mod:`ijepa.data.video_folder`, decoded by PyAV: ``pip install 'ijepa[video]'``). Clips
+      are sampled at ``clip_fps`` frames per second, or every ``frame_stride``-th frame; training
+      clips start at random with a random resized crop shared by their frames, evaluation clips
+      are centred. Batches carry ``frame_times [B, T]`` (seconds). Needs ``num_frames > 0``.
 
     Loaders: ``train_dataloader`` / ``val_dataloader`` / ``test_dataloader`` yield masked batches
     (see :class:`ijepa.masks.MaskCollator`); ``knn_train_dataloader`` / ``knn_test_dataloader`` /
@@ -81,7 +87,7 @@ class IJEPADataModule(L.LightningDataModule):
     grid cannot disagree.
 
     Args:
-        dataset: stl10, imagefolder or shapes.
+        dataset: stl10, imagefolder, shapes, moving_shapes or videofolder.
         root: dataset folder (stl10: the folder holding ``stl10_binary/``).
         download: fetch STL-10 into ``root`` if it is missing.
         image_size: side of the (square) training and evaluation images in pixels.
@@ -112,6 +118,11 @@ class IJEPADataModule(L.LightningDataModule):
         temporal_scale: range of the share of the frames a target block spans (clips).
         clip_directions: 4 or 8 motion classes (moving_shapes).
         clip_speed: range of the motion speed in pixels per frame (moving_shapes).
+        clip_background: ``texture`` (the whole scene pans) or ``plain`` (moving_shapes).
+        clip_fps: frames per second of the clips: moving_shapes' nominal rate (null: no
+            timestamps, M-RoPE uses frame indices); videofolder's sampling rate (null: use
+            ``frame_stride``). With a rate, batches carry ``frame_times [B, T]`` in seconds.
+        frame_stride: videofolder without ``clip_fps``: take every n-th decoded frame.
     """
 
     def __init__(
@@ -145,6 +156,9 @@ class IJEPADataModule(L.LightningDataModule):
         temporal_scale: tuple[float, float] = (1.0, 1.0),
         clip_directions: int = 4,
         clip_speed: tuple[float, float] = (1.0, 2.0),
+        clip_background: str = "texture",
+        clip_fps: float | None = None,
+        frame_stride: int = 1,
     ):
         super().__init__()
         if dataset not in DATASETS:
@@ -161,9 +175,13 @@ class IJEPADataModule(L.LightningDataModule):
         if crop_scale is not None and not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
             raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, or null; got {crop_scale}.")
         self.save_hyperparameters()
-        if (dataset == "moving_shapes") != (num_frames > 0):
-            raise ValueError(f"num_frames must be > 0 exactly for dataset 'moving_shapes' (clips), got num_frames={num_frames} "
+        if (dataset in CLIP_DATASETS) != (num_frames > 0):
+            raise ValueError(f"num_frames must be > 0 exactly for the clip datasets {CLIP_DATASETS}, got num_frames={num_frames} "
                              f"with dataset={dataset!r}.")
+        if clip_fps is not None and not clip_fps > 0:
+            raise ValueError(f"clip_fps must be > 0 frames per second, or null; got {clip_fps}.")
+        if frame_stride < 1:
+            raise ValueError(f"frame_stride must be >= 1, got {frame_stride}.")
         self.grid_size = grid_size(image_size, patch_size)
         if num_frames:
             if tubelet_size < 1 or num_frames % tubelet_size:
@@ -209,7 +227,7 @@ class IJEPADataModule(L.LightningDataModule):
             return
         self.mask_sampler.check()
         builder = {"stl10": self._stl10, "imagefolder": self._imagefolder, "shapes": self._shapes,
-                   "moving_shapes": self._moving_shapes}
+                   "moving_shapes": self._moving_shapes, "videofolder": self._videofolder}
         self._splits = builder[self.hparams.dataset]()
 
     def _stl10(self) -> dict[str, Dataset]:
@@ -297,12 +315,42 @@ class IJEPADataModule(L.LightningDataModule):
         def make(split: str, size: int) -> MovingShapesClips:
             return MovingShapesClips(size, hp.num_frames, hp.image_size, split=split, seed=hp.seed,
                                      num_directions=hp.clip_directions, speed=tuple(hp.clip_speed),
-                                     transform=ClipToTensor())
+                                     background=hp.clip_background, fps=hp.clip_fps, transform=ClipToTensor())
 
         train_set = make("train", hp.shapes_train_size)
         val_set = make("val", hp.shapes_val_size)
         self.num_classes = train_set.num_classes
         return {"pretrain": train_set, "val": val_set, "knn_train": train_set, "knn_test": val_set}
+
+    def _videofolder(self) -> dict[str, Dataset]:
+        from ijepa.data.video_folder import VideoFolderClips
+
+        hp, root = self.hparams, Path(self.hparams.root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"video folder not found: data.root={str(root)!r} is not a directory.")
+
+        def make(path: Path, train: bool) -> VideoFolderClips:
+            return VideoFolderClips(path, hp.num_frames, hp.image_size, fps=hp.clip_fps, frame_stride=hp.frame_stride,
+                                    start="random" if train else "center", crop_scale=hp.crop_scale if train else None,
+                                    transform=ClipToTensor())
+
+        held_out = next((root / name for name in ("val", "test") if (root / name).is_dir()), None)
+        if (root / "train").is_dir() and held_out is not None:
+            evaluate = make(root / "train", False)
+            splits = {"pretrain": make(root / "train", True), "val": make(held_out, False), "knn_train": evaluate,
+                      "knn_test": make(held_out, False)}
+            self.num_classes = len(evaluate.classes)
+        else:
+            folder = root / "train" if (root / "train").is_dir() else root
+            pretrain_set, eval_set = make(folder, True), make(folder, False)
+            train_idx, test_idx = holdout_split(pretrain_set.targets, hp.holdout_fraction)
+            if not test_idx or not train_idx:
+                raise ValueError(f"data.root={str(root)!r} has too few videos to hold out "
+                                 f"holdout_fraction={hp.holdout_fraction} of each class for probing.")
+            splits = {"pretrain": Subset(pretrain_set, train_idx), "val": Subset(eval_set, test_idx),
+                      "knn_train": Subset(eval_set, train_idx), "knn_test": Subset(eval_set, test_idx)}
+            self.num_classes = len(eval_set.classes)
+        return splits
 
     def split(self, name: str) -> Dataset:
         """One of the datasets ``pretrain``, ``val``, ``knn_train``, ``knn_test``."""

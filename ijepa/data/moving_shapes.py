@@ -1,11 +1,17 @@
 """Generated labelled clips whose class is the motion, not the appearance (issue 8, in progress).
 
-Each clip shows one shape (any of the ten image classes, random size, rotation and colour) on a
-plain, lightly noisy background, moving at constant velocity on a torus: it leaves one edge and
-comes back at the opposite one. The label is the direction of motion. Because of the wrap-around
-the object's position in any single frame is uniform over the image whatever the direction, so
-no single frame carries the label: a probe has to use time (``tests/test_video.py`` checks both
-halves of that claim on pixels).
+Each clip shows one shape (any of the ten image classes, random size, rotation and colour) moving
+at constant velocity on a torus: it leaves one edge and comes back at the opposite one. With
+``background="texture"`` (the default) the whole scene pans: a smooth random colour texture moves
+with the shape, so every patch of every frame shows the motion. With ``"plain"`` the background
+is a flat colour and only the patches the shape crosses move. The label is the direction of
+motion. Because of the wrap-around, the content of any single frame has the same distribution
+whatever the direction, so no single frame carries the label: a probe has to use time
+(``tests/test_video.py`` checks both halves of that claim on pixels).
+
+Why the texture: a small model learns the motion of a dense texture within a few dozen
+supervised steps, but not that of one small shape on a flat background, where most tubelet
+tokens are static and carry no motion at all (docs/video.md has the figures).
 
 Clips are ``uint8 [T, 3, H, W]``, deterministic per ``(seed, split, index)``, rendered with the
 image generator's own shape functions (:mod:`ijepa.data.shapes`).
@@ -23,6 +29,27 @@ from torch.utils.data import Dataset
 from ijepa.data.shapes import _MIN_CONTRAST, CLASSES, _index_seed, _render, _rgb_dist
 
 DIRECTIONS: tuple[str, ...] = ("right", "down_right", "down", "down_left", "left", "up_left", "up", "up_right")
+BACKGROUNDS: tuple[str, ...] = ("texture", "plain")
+_TEXTURE_CUTOFF = 3.0 / 32  # Gaussian low-pass width of the texture, in cycles per pixel
+_TEXTURE_CONTRAST = 0.25  # standard deviation of the texture around the background colour
+
+
+def translating_texture(noise: Tensor, velocity: tuple[float, float], num_frames: int, cutoff: float) -> Tensor:
+    """A smooth periodic texture and its translations: ``noise [C, H, W]`` white noise ->
+    ``[T, C, H, W]`` with unit standard deviation, frame ``t`` shifted by ``t * velocity``
+    (``(vx, vy)`` pixels) on the torus.
+
+    The texture is band-limited (a Gaussian low-pass of width ``cutoff`` cycles per pixel), so a
+    sub-pixel shift is exact: it is a phase ramp on the Fourier coefficients.
+    """
+    height, width = noise.shape[-2:]
+    fy = torch.fft.fftfreq(height, dtype=torch.float64).view(-1, 1)
+    fx = torch.fft.fftfreq(width, dtype=torch.float64).view(1, -1)
+    spectrum = torch.fft.fft2(noise.double()) * torch.exp(-(fx**2 + fy**2) / (2 * cutoff**2))
+    t = torch.arange(num_frames, dtype=torch.float64).view(-1, 1, 1, 1)
+    phase = torch.exp(-2j * math.pi * t * (fx * velocity[0] + fy * velocity[1]))
+    frames = torch.fft.ifft2(spectrum * phase).real
+    return (frames / frames[0].std().clamp_min(1e-12)).float()
 
 
 class MovingShapesClips(Dataset):
@@ -37,12 +64,15 @@ class MovingShapesClips(Dataset):
         num_directions: 4 (right, down, left, up) or 8 (with the diagonals).
         speed: (min, max) pixels per frame, drawn per clip.
         radius: (min, max) shape radius as a fraction of ``image_size``.
+        background: ``texture`` (a smooth colour texture moving with the shape) or ``plain``.
+        fps: when set, the clips' nominal frame rate: items become ``(clip, label, frame_times)``
+            with ``frame_times [T] = t / fps`` seconds (for M-RoPE's timestamps).
         transform: applied to the ``uint8 [T, 3, H, W]`` clip.
     """
 
     def __init__(self, num_samples: int, num_frames: int = 8, image_size: int = 32, split: str = "train", seed: int = 0,
                  num_directions: int = 4, speed: tuple[float, float] = (1.0, 2.0), radius: tuple[float, float] = (0.12, 0.2),
-                 transform=None):
+                 background: str = "texture", fps: float | None = None, transform=None):
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
         if num_frames < 2:
@@ -57,9 +87,14 @@ class MovingShapesClips(Dataset):
             raise ValueError(f"speed must be (min, max) pixels per frame with 0 < min <= max < image_size / 2, got {speed}.")
         if not 0 < radius[0] <= radius[1] <= 0.5:
             raise ValueError(f"radius must be (min, max) with 0 < min <= max <= 0.5, got {radius}.")
+        if background not in BACKGROUNDS:
+            raise ValueError(f"background must be one of {BACKGROUNDS}, got {background!r}.")
         self.num_samples, self.num_frames, self.image_size = num_samples, num_frames, image_size
         self.split, self.seed, self.num_directions = split, seed, num_directions
         self.speed, self.radius, self.transform = tuple(speed), tuple(radius), transform
+        if fps is not None and not fps > 0:
+            raise ValueError(f"fps must be > 0 or None, got {fps}.")
+        self.background, self.fps = background, fps
         self.directions = DIRECTIONS[:: 8 // num_directions]
         self.targets = [i % num_directions for i in range(num_samples)]
 
@@ -86,7 +121,8 @@ class MovingShapesClips(Dataset):
         return dict(shape=int(u[9] * len(CLASSES)) % len(CLASSES), x0=size * u[10], y0=size * u[11],
                     vx=speed * math.cos(angle), vy=speed * math.sin(angle), radius=radius,
                     c=math.cos(theta) / radius, s=math.sin(theta) / radius, fg=fg, bg=bg,
-                    noise=torch.randn(self.num_frames, 3, size, size, generator=g))
+                    noise=torch.randn(self.num_frames, 3, size, size, generator=g),
+                    texture=torch.randn(3, size, size, generator=g))
 
     def render(self, index: int) -> Tensor:
         """Clip ``index`` as ``uint8 [T, 3, H, W]``."""
@@ -100,13 +136,19 @@ class MovingShapesClips(Dataset):
                       for dx in (-size, 0, size) for dy in (-size, 0, size)
                       if -reach < cx + dx < size + reach and -reach < cy + dy < size + reach]
             frames.append(dict(label=p["shape"], objects=copies, bg=p["bg"], noise=p["noise"][t]))
-        return _render(frames, size, "plain")
+        if self.background == "plain":
+            return _render(frames, size, "plain")
+        texture = translating_texture(p["texture"], (p["vx"], p["vy"]), self.num_frames, _TEXTURE_CUTOFF * 32 / size)
+        base = torch.tensor(p["bg"], dtype=torch.float32).view(1, 3, 1, 1) + _TEXTURE_CONTRAST * texture
+        return _render(frames, size, "plain", base=base)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
         if not -self.num_samples <= index < self.num_samples:
             raise IndexError(f"index {index} out of range for {self.num_samples} clips")
         index %= self.num_samples
         clip = self.render(index)
         if self.transform is not None:
             clip = self.transform(clip)
-        return clip, self.targets[index]
+        if self.fps is None:
+            return clip, self.targets[index]
+        return clip, self.targets[index], torch.arange(self.num_frames, dtype=torch.float32) / self.fps

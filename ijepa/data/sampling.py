@@ -88,8 +88,9 @@ class ResumableDataLoader(DataLoader):
 
 
 class SeededSamples(Dataset):
-    """Wraps a ``(image, label)`` dataset: ``dataset[(index, epoch)]`` runs under a generator
-    seeded by ``(seed, epoch, index)`` and returns ``(image, label, sample_seed)``.
+    """Wraps a ``(image, label)`` dataset (or ``(clip, label, frame_times)``):
+    ``dataset[(index, epoch)]`` runs under a generator seeded by ``(seed, epoch, index)`` and
+    returns the sample with ``sample_seed`` (an ``int``) appended: ``(image, label, sample_seed)``.
 
     Plain integer keys mean epoch 0 (evaluation loaders: the same masks at every validation).
     """
@@ -109,5 +110,5 @@ class SeededSamples(Dataset):
             # The CPU generator alone: torch.manual_seed also queues seeds for every accelerator
             # and, before CUDA is initialised, records a stack trace per call (~4 ms a sample).
             torch.default_generator.manual_seed(sample_seed)
-            image, label = self.dataset[index]
-        return image, label, sample_seed
+            sample = self.dataset[index]
+        return (*sample, sample_seed)

@@ -314,9 +314,12 @@ def _texture(params: list[dict], image_size: int) -> Tensor:
     return bg
 
 
-def _render(params: list[dict], image_size: int, background: str) -> Tensor:
-    """Render a batch of images from their parameters; -> uint8 [B, 3, H, W]."""
-    if background == "busy":
+def _render(params: list[dict], image_size: int, background: str, base: Tensor | None = None) -> Tensor:
+    """Render a batch of images from their parameters; -> uint8 [B, 3, H, W]. ``base [B, 3, H, W]``
+    (float in [0, 1]), when given, replaces the background."""
+    if base is not None:
+        img = base
+    elif background == "busy":
         img = _texture(params, image_size)
     else:
         img = _col([c for p in params for c in p["bg"]]).view(-1, 3, 1, 1).expand(-1, -1, image_size, image_size)

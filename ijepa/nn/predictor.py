@@ -51,6 +51,7 @@ class Predictor(nn.Module):
         drop_path_rate: float = 0.0,
         pos_embed: str = "sincos",
         mode: str = "per_block",
+        **video_pos_options,
     ):
         super().__init__()
         if mode not in PREDICTOR_MODES:
@@ -65,7 +66,8 @@ class Predictor(nn.Module):
         else:  # a video grid (T', H', W')
             from ijepa.nn.video import build_video_position_embedding
 
-            position = build_video_position_embedding(pos_embed, tuple(grid_size), predictor_embed_dim, num_heads)
+            position = build_video_position_embedding(pos_embed, tuple(grid_size), predictor_embed_dim, num_heads,
+                                                      **video_pos_options)
         self.num_patches = position.num_positions
         self.transformer = Transformer(
             predictor_embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate

@@ -52,6 +52,16 @@ class TubeletEmbed(nn.Module):
         return tokens.flatten(2).transpose(1, 2)
 
 
+def tubelet_times(frame_times: torch.Tensor, tubelet_size: int) -> torch.Tensor:
+    """Per-frame timestamps ``[B, T]`` (seconds) -> one per temporal token ``[B, T // tubelet_size]``:
+    the time of each tubelet's first frame. Only differences reach M-RoPE, so the choice of the
+    first frame (rather than the middle) shifts every token equally and changes nothing."""
+    if frame_times.dim() != 2 or frame_times.size(1) % tubelet_size:
+        raise ValueError(f"frame_times must be [B, T] with T a multiple of tubelet_size={tubelet_size}, "
+                         f"got {tuple(frame_times.shape)}.")
+    return frame_times[:, ::tubelet_size]
+
+
 class VideoPositionEncoding(PositionEncoding):
     """Base for encodings over a ``grid_time x grid_height x grid_width`` token grid."""
 

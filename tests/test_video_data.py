@@ -1,0 +1,176 @@
+"""Clip data: the folder-of-videos loader (PyAV), timestamps in batches, generated clips."""
+
+import fractions
+
+import pytest
+import torch
+
+av = pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extra (installed by '.[dev]')")
+
+from ijepa.data.video_folder import VideoFolderClips, decode_clip  # noqa: E402
+
+
+def write_video(path, num_frames: int, fps: float, size: int = 32):
+    """An mp4 whose frame k is a flat grey of level 8k, so a decoded frame tells its index."""
+    import numpy as np
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=fractions.Fraction(fps).limit_denominator(1000))
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        for k in range(num_frames):
+            frame = av.VideoFrame.from_ndarray(np.full((size, size, 3), 8 * k, np.uint8), format="rgb24")
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def frame_indices(clip: torch.Tensor) -> list[int]:
+    return (clip.float().mean((1, 2, 3)) / 8).round().int().tolist()
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("videos")
+    return {"10fps": write_video(root / "a.mp4", 30, 10), "20fps": write_video(root / "b.mp4", 30, 20)}
+
+
+def test_fps_sampling_gives_the_same_times_at_any_frame_rate(videos):
+    # centre of a 3 s video, 4 frames at 5 fps: instants 1.2, 1.4, 1.6, 1.8 s
+    clip, times = decode_clip(videos["10fps"], 4, fps=5.0, start="center")
+    assert clip.shape == (4, 3, 32, 32) and clip.dtype == torch.uint8
+    assert frame_indices(clip) == [12, 14, 16, 18]
+    torch.testing.assert_close(times, torch.tensor([0.0, 0.2, 0.4, 0.6]))
+    # the 20 fps video (1.5 s) at 5 fps: every 4th frame, the same times
+    clip, times20 = decode_clip(videos["20fps"], 4, fps=5.0, start="center")
+    assert frame_indices(clip) == [9, 13, 17, 21]
+    torch.testing.assert_close(times20, times)
+
+
+def test_frame_stride_follows_each_videos_own_rate(videos):
+    clip, times = decode_clip(videos["10fps"], 4, frame_stride=2, start="center")
+    first = frame_indices(clip)[0]
+    assert frame_indices(clip) == [first, first + 2, first + 4, first + 6]
+    torch.testing.assert_close(times, torch.tensor([0.0, 0.2, 0.4, 0.6]))
+    _, times = decode_clip(videos["20fps"], 4, frame_stride=2, start="center")
+    torch.testing.assert_close(times, torch.tensor([0.0, 0.1, 0.2, 0.3]))  # half the time: twice the rate
+
+
+def test_random_start_is_seeded_and_short_videos_repeat_their_last_frame(videos, tmp_path):
+    torch.manual_seed(3)
+    a = decode_clip(videos["10fps"], 4, fps=5.0)
+    torch.manual_seed(3)
+    b = decode_clip(videos["10fps"], 4, fps=5.0)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    starts = set()
+    for seed in range(6):
+        torch.manual_seed(seed)
+        starts.add(frame_indices(decode_clip(videos["10fps"], 4, fps=5.0)[0])[0])
+    assert len(starts) > 1 and all(0 <= s <= 30 - 7 for s in starts)
+    short = write_video(tmp_path / "short.mp4", 3, 10)
+    clip, times = decode_clip(short, 5, frame_stride=1)
+    assert frame_indices(clip) == [0, 1, 2, 2, 2]
+    torch.testing.assert_close(times, torch.tensor([0.0, 0.1, 0.2, 0.2, 0.2]))
+
+
+def test_video_folder_clips_and_their_errors(tmp_path, videos):
+    for name in ("left", "right"):
+        (tmp_path / name).mkdir()
+        write_video(tmp_path / name / "x.mp4", 12, 10)
+    (tmp_path / "right" / "notes.txt").write_text("not a video")
+    data = VideoFolderClips(tmp_path, num_frames=4, image_size=16, fps=5.0, start="center", crop_scale=None)
+    assert data.classes == ["left", "right"] and data.targets == [0, 1] and len(data) == 2
+    clip, label, times = data[1]
+    assert clip.shape == (4, 3, 16, 16) and label == 1 and times.shape == (4,)
+    # one random resized crop for all frames of a clip: flat frames stay flat
+    cropped = VideoFolderClips(tmp_path, num_frames=4, image_size=16, fps=5.0, crop_scale=(0.3, 1.0))
+    clip = cropped[0][0]
+    assert clip.shape == (4, 3, 16, 16) and (clip.float().std((1, 2, 3)) < 2).all()
+
+    (tmp_path / "left" / "broken.mp4").write_bytes(b"\x00" * 100)
+    broken = VideoFolderClips(tmp_path, num_frames=4, image_size=16)
+    with pytest.raises(ValueError, match=r"unreadable video .*broken\.mp4"):
+        broken[0]
+    with pytest.raises(FileNotFoundError, match="no videos under data.root"):
+        VideoFolderClips(tmp_path / "left" / "missing", num_frames=4, image_size=16)
+    with pytest.raises(ValueError, match=r"fps \(data.clip_fps\) must be a positive number"):
+        VideoFolderClips(tmp_path, num_frames=4, image_size=16, fps=0.0)
+    with pytest.raises(ValueError, match=r"frame_stride \(data.frame_stride\) must be an int >= 1"):
+        VideoFolderClips(tmp_path, num_frames=4, image_size=16, frame_stride=0)
+
+
+def make_video_folder(root, per_class: int = 4):
+    """``root/{train,val}/{a,b}/`` videos at 10 and 20 fps."""
+    for split, count in (("train", per_class), ("val", 2)):
+        for name in ("a", "b"):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for k in range(count):
+                write_video(folder / f"{k}.mp4", 20, 10 if k % 2 else 20, size=24)
+    return root
+
+
+def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
+    from ijepa.data import IJEPADataModule
+
+    root = make_video_folder(tmp_path)
+    data = IJEPADataModule(dataset="videofolder", root=str(root), num_frames=4, tubelet_size=2, image_size=16,
+                           patch_size=4, batch_size=4, num_workers=0, clip_fps=5.0, target_scale=(0.1, 0.15))
+    data.setup("fit")
+    assert data.num_classes == 2
+    batch = next(iter(data.train_dataloader()))
+    assert batch["images"].shape == (4, 3, 4, 16, 16) and batch["frame_times"].shape == (4, 4)
+    # the shown frames' own times: 0.2 s apart at 5 fps from 10 and 20 fps sources, any start
+    torch.testing.assert_close(batch["frame_times"], torch.tensor([[0.0, 0.2, 0.4, 0.6]]).expand(4, -1))
+    assert batch["context_indices"].max() < 2 * 4 * 4
+    probe = next(iter(data.knn_test_dataloader()))
+    assert probe["images"].shape == (4, 3, 4, 16, 16) and probe["frame_times"].shape == (4, 4)
+    # by stride, each video's own rate sets the times
+    data = IJEPADataModule(dataset="videofolder", root=str(root), num_frames=4, image_size=16, patch_size=4,
+                           batch_size=4, num_workers=0, frame_stride=2)
+    data.setup("fit")
+    gaps = next(iter(data.knn_test_dataloader()))["frame_times"].diff(dim=1)
+    assert sorted({round(g, 3) for g in gaps.flatten().tolist()}) == [0.1, 0.2]
+    with pytest.raises(ValueError, match="clip_fps must be > 0"):
+        IJEPADataModule(dataset="videofolder", num_frames=4, clip_fps=-1.0)
+    with pytest.raises(FileNotFoundError, match="video folder not found"):
+        IJEPADataModule(dataset="videofolder", root=str(tmp_path / "nope"), num_frames=4).setup()
+
+
+def test_moving_shapes_with_a_frame_rate_carry_frame_times():
+    from ijepa.data import IJEPADataModule
+
+    data = IJEPADataModule(dataset="moving_shapes", num_frames=4, image_size=16, patch_size=4, batch_size=4,
+                           num_workers=0, crop_scale=None, shapes_train_size=8, shapes_val_size=8, clip_fps=12.5,
+                           target_scale=(0.1, 0.15))
+    data.setup("fit")
+    for batch in (next(iter(data.train_dataloader())), next(iter(data.knn_train_dataloader()))):
+        torch.testing.assert_close(batch["frame_times"][0], torch.tensor([0.0, 0.08, 0.16, 0.24]))
+    plain = IJEPADataModule(dataset="moving_shapes", num_frames=4, image_size=16, patch_size=4, batch_size=4,
+                            num_workers=0, crop_scale=None, shapes_train_size=8, shapes_val_size=8,
+                            target_scale=(0.1, 0.15))
+    plain.setup("fit")
+    assert "frame_times" not in next(iter(plain.train_dataloader()))
+
+
+def test_a_video_folder_fits_through_the_cli_with_timestamps(tmp_path):
+    """``ijepa fit`` on a folder of videos (10 and 20 fps, sampled at 8 fps) with M-RoPE: the
+    masked and the probe batches carry ``frame_times`` and the run logs both probes."""
+    from pathlib import Path
+    from unittest import mock
+
+    from ijepa.cli import build_cli
+
+    root = make_video_folder(tmp_path / "videos", per_class=8)
+    config = Path(__file__).parents[1] / "configs" / "video_quickstart.yaml"
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = build_cli(["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.logger=false",
+                         f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false",
+                         "--trainer.check_val_every_n_epoch=1", "--data.dataset=videofolder", f"--data.root={root}",
+                         "--data.image_size=16", "--model.patch_size=4", "--data.batch_size=8", "--data.num_workers=0",
+                         "--data.clip_fps=8", "--data.crop_scale=[0.5,1.0]"], run=True)
+    metrics = cli.trainer.callback_metrics
+    assert cli.model.hparams.num_frames == 4 and cli.datamodule.num_classes == 2
+    assert 0.0 <= float(metrics["val/knn_top1"]) <= 1.0 and 0.0 <= float(metrics["val/linear_top1"]) <= 1.0
