@@ -172,10 +172,11 @@ class IJEPA(L.LightningModule):
         last n blocks concatenated, ``[B, n*D]``. Clips ``[B, C, T, H, W]`` may come with
         ``frame_times [B, T]`` (seconds)."""
         network = self.target_encoder if encoder == "target" else self.encoder
-        return network.pooled_features(images, last_blocks, **self._token_times(frame_times))
+        return network.pooled_features(images, last_blocks, **self.token_times(frame_times))
 
-    def _token_times(self, frame_times: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        # A clip batch's per-frame timestamps [B, T] -> the encoders' per-token ones [B, T'].
+    def token_times(self, frame_times: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """A clip batch's per-frame timestamps ``[B, T]`` -> the keyword arguments the encoders and
+        predictor take: ``{"frame_times": [B, T']}`` (each tubelet's first frame), or ``{}``."""
         if frame_times is None:
             return {}
         if not self.hparams.num_frames:
@@ -187,7 +188,7 @@ class IJEPA(L.LightningModule):
     def forward(self, images: torch.Tensor, frame_times: torch.Tensor | None = None) -> torch.Tensor:
         """Target-encoder features of every patch, ``[B, C, H, W] -> [B, N, D]`` (clips
         ``[B, C, T, H, W]``, optionally with ``frame_times [B, T]``)."""
-        return self.target_encoder(images, **self._token_times(frame_times))
+        return self.target_encoder(images, **self.token_times(frame_times))
 
     def jepa_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The I-JEPA loss of one masked batch (see the class docstring for the shapes)."""
@@ -200,7 +201,7 @@ class IJEPA(L.LightningModule):
         context_indices, target_indices = batch["context_indices"], batch["target_indices"]
         batch_size, num_blocks, num_targets = target_indices.shape
         # Clips may carry frame_times [B, T] (seconds), which M-RoPE turns into temporal positions.
-        times = self._token_times(batch.get("frame_times"))
+        times = self.token_times(batch.get("frame_times"))
         with index_checks(self.hparams.debug_checks):
             with torch.no_grad():
                 target_features = self.target_encoder(images, **times)
@@ -306,6 +307,8 @@ class IJEPA(L.LightningModule):
     # --- checkpoints at another resolution ---------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["resolution"] = {"image_size": self.hparams.image_size, "patch_size": self.hparams.patch_size}
+        if self.hparams.num_frames:
+            checkpoint["resolution"].update(num_frames=self.hparams.num_frames, tubelet_size=self.hparams.tubelet_size)
         # The only global randomness of a step is stochastic depth; data order, augmentations
         # and masks are seeded per sample (ijepa.data.sampling). Tensors only: weights_only loads.
         checkpoint["rng_states"] = {
@@ -335,6 +338,14 @@ class IJEPA(L.LightningModule):
         if old_image % old_patch != 0:
             raise ValueError(f"checkpoint has image_size={old_image} not divisible by patch_size={old_patch}.")
         old_grid = (old_image // old_patch,) * 2
+        if self.hparams.num_frames:
+            old_frames = saved.get("num_frames", self.hparams.num_frames)
+            old_tubelet = saved.get("tubelet_size", self.hparams.tubelet_size)
+            if (old_patch, old_tubelet) != (self.hparams.patch_size, self.hparams.tubelet_size):
+                raise ValueError(
+                    f"a clip checkpoint can change image_size and num_frames, not the tubelet: it has patch_size={old_patch}, "
+                    f"tubelet_size={old_tubelet}; this model has {self.hparams.patch_size}, {self.hparams.tubelet_size}.")
+            old_grid = (old_frames // old_tubelet, *old_grid)
         settings = self.position_interpolation
         if settings["mode"] not in INTERPOLATION_MODES:
             raise ValueError(f"position interpolation mode must be one of {INTERPOLATION_MODES}, got {settings['mode']!r}.")
@@ -342,12 +353,14 @@ class IJEPA(L.LightningModule):
         if not changed:
             return
         self._resize_optimizer_states(checkpoint, changed)
-        new_grid = self.encoder.patch_embed.grid_size
+        new_grid = self.encoder.grid if self.hparams.num_frames else (self.encoder.patch_embed.grid_size,) * 2
         lines = [f"  {key}: {list(old)} -> {list(new)}" for key, (old, new, _) in changed.items()]
+        frames = f", num_frames={saved.get('num_frames')}" if self.hparams.num_frames else ""
+        new_frames = f", num_frames={self.hparams.num_frames}" if self.hparams.num_frames else ""
         rank_zero_info(
-            f"Checkpoint adapted from image_size={old_image}, patch_size={old_patch} (grid {old_grid[0]}x{old_grid[1]}) "
-            f"to image_size={self.hparams.image_size}, patch_size={self.hparams.patch_size} (grid {new_grid}x{new_grid}) "
-            f"with {settings['mode']} interpolation:\n" + "\n".join(lines)
+            f"Checkpoint adapted from image_size={old_image}, patch_size={old_patch}{frames} (grid {'x'.join(map(str, old_grid))}) "
+            f"to image_size={self.hparams.image_size}, patch_size={self.hparams.patch_size}{new_frames} "
+            f"(grid {'x'.join(map(str, new_grid))}) with {settings['mode']} interpolation:\n" + "\n".join(lines)
         )
 
     def _resize_optimizer_states(self, checkpoint: dict, changed: dict) -> None:

@@ -59,3 +59,49 @@ def test_callback_logs_images_and_histograms(tmp_path):
     assert {"hist/target_features", "hist/positions_encoder", "hist/positions_predictor"} <= set(events.Tags()["histograms"])
     masks = events.Images("jepa/masks")[0]
     assert (masks.width, masks.height) == (4 * 32 + 5 * 2, 32 + 2 * 2)  # make_grid of 4 images, padding 2
+
+
+def test_clip_overlay_marks_each_time_slice():
+    from ijepa.callbacks.jepa_images import clip_mask_overlay
+
+    patch, tubelet = 4, 2
+    clips = torch.full((1, 3, 4, 8, 8), 0.5)  # grid (2, 2, 2): token (t, r, c) = 4t + 2r + c
+    context = torch.tensor([[0, 7]])  # (0, 0, 0) and (1, 1, 1)
+    targets = torch.tensor([[[1, 4]]])  # (0, 0, 1) and (1, 0, 0)
+    out = clip_mask_overlay(clips, context, targets, patch, tubelet, alpha=0.5)
+    assert out.shape == (1, 3, 8, 2 * 8)  # two time slices side by side
+    blue, red = 0.25 + 0.5 * torch.tensor(CONTEXT_COLOUR), 0.25 + 0.5 * torch.tensor(TARGET_COLOURS[0])
+    dark = torch.full((3,), 0.35 * 0.5)
+    for t, r, c, expected in [(0, 0, 0, blue), (0, 0, 1, red), (0, 1, 0, dark), (1, 0, 0, red), (1, 1, 1, blue), (1, 0, 1, dark)]:
+        torch.testing.assert_close(out[0, :, r * patch + 1, t * 8 + c * patch + 1], expected, msg=f"token {(t, r, c)}")
+
+
+def test_callbacks_log_clip_pictures(tmp_path):
+    """JEPAImages and PositionSimilarityImages on a clip model with M-RoPE timestamps (masks,
+    loss map per time slice) and with a ``learned_3d`` table (Figure 7 of the first slice and
+    the time-slice similarity)."""
+    from ijepa.callbacks import PositionSimilarityImages
+
+    data = IJEPADataModule(dataset="moving_shapes", num_frames=4, tubelet_size=2, image_size=16, patch_size=4,
+                           batch_size=8, num_workers=0, crop_scale=None, shapes_train_size=16, shapes_val_size=8,
+                           target_scale=(0.1, 0.15), clip_fps=10.0)
+    clip_model = dict(image_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, predictor_embed_dim=16,
+                      predictor_depth=1, predictor_num_heads=2, num_frames=4, tubelet_size=2)
+    for version, pos_embed in enumerate(("mrope", "learned_3d")):
+        logger = TensorBoardLogger(tmp_path, name="", version=version)
+        trainer = L.Trainer(callbacks=[JEPAImages(num_images=3), PositionSimilarityImages()], logger=logger,
+                            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+        model = IJEPA(**clip_model, pos_embed=pos_embed, predictor_pos_embed=pos_embed, time_unit=0.2)
+        trainer.validate(model, datamodule=data, verbose=False)
+        logger.experiment.flush()
+        events = EventAccumulator(str(tmp_path / f"version_{version}"), size_guidance={"images": 0, "histograms": 0})
+        events.Reload()
+        tags = set(events.Tags()["images"])
+        assert {"jepa/masks", "jepa/loss_map"} <= tags
+        masks, loss_map = events.Images("jepa/masks")[0], events.Images("jepa/loss_map")[0]
+        assert (masks.width, masks.height) == (2 * 16 + 2 * 2, 3 * 16 + 4 * 2)  # one clip per row, 2 slices
+        assert (loss_map.width, loss_map.height) == (2 * 4 * 8, 4 * 8)
+        if pos_embed == "learned_3d":
+            assert {"positions/encoder", "positions/encoder_time", "positions/predictor_time"} <= tags
+            time_image = events.Images("positions/encoder_time")[0]
+            assert (time_image.width, time_image.height) == (2 * 16, 2 * 16)

@@ -20,10 +20,26 @@ TARGET_COLOURS = ((1.0, 0.2, 0.2), (1.0, 0.8, 0.1), (0.2, 0.9, 0.3), (1.0, 0.3, 
 
 
 def unnormalize(images: torch.Tensor) -> torch.Tensor:
-    """ImageNet-normalised ``[B, 3, H, W]`` -> ``[0, 1]``."""
-    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=images.device).view(1, 3, 1, 1)
+    """ImageNet-normalised ``[B, 3, H, W]`` (or clips ``[B, 3, T, H, W]``) -> ``[0, 1]``."""
+    shape = (1, 3) + (1,) * (images.dim() - 2)
+    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(shape)
+    std = torch.tensor(IMAGENET_STD, device=images.device).view(shape)
     return (images.float() * std + mean).clamp(0, 1)
+
+
+def _token_tints(batch: int, num_tokens: int, context_indices: torch.Tensor, target_indices: torch.Tensor,
+                 device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Per token: its tint [B, N, 3] (context blue, block m its colour, drawn over the context)
+    # and whether it is painted at all [B, N].
+    colour = torch.zeros(batch, num_tokens, 3, device=device)
+    painted = torch.zeros(batch, num_tokens, dtype=torch.bool, device=device)
+    rows = torch.arange(batch, device=device)[:, None]
+    colour[rows, context_indices] = torch.tensor(CONTEXT_COLOUR, device=device)
+    painted[rows, context_indices] = True
+    for block in range(target_indices.size(1)):
+        colour[rows, target_indices[:, block]] = torch.tensor(TARGET_COLOURS[block % len(TARGET_COLOURS)], device=device)
+        painted[rows, target_indices[:, block]] = True
+    return colour, painted
 
 
 def mask_overlay(
@@ -34,21 +50,29 @@ def mask_overlay(
     neither are darkened. Returns ``[B, 3, H, W]`` in [0, 1]."""
     batch, _, height, width = images.shape
     grid_h, grid_w = height // patch_size, width // patch_size
-    colour = torch.zeros(batch, grid_h * grid_w, 3, device=images.device)
-    painted = torch.zeros(batch, grid_h * grid_w, dtype=torch.bool, device=images.device)
-    rows = torch.arange(batch, device=images.device)[:, None]
-    colour[rows, context_indices] = torch.tensor(CONTEXT_COLOUR, device=images.device)
-    painted[rows, context_indices] = True
-    for block in range(target_indices.size(1)):
-        tint = torch.tensor(TARGET_COLOURS[block % len(TARGET_COLOURS)], device=images.device)
-        colour[rows, target_indices[:, block]] = tint
-        painted[rows, target_indices[:, block]] = True
+    colour, painted = _token_tints(batch, grid_h * grid_w, context_indices, target_indices, images.device)
     # per-patch maps -> per-pixel maps
     colour = colour.view(batch, grid_h, grid_w, 3).permute(0, 3, 1, 2)
     colour = colour.repeat_interleave(patch_size, 2).repeat_interleave(patch_size, 3)
     painted = painted.view(batch, 1, grid_h, grid_w).repeat_interleave(patch_size, 2).repeat_interleave(patch_size, 3)
     tinted = (1 - alpha) * images + alpha * colour
     return torch.where(painted, tinted, 0.35 * images)
+
+
+def clip_mask_overlay(clips: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor,
+                      patch_size: int, tubelet_size: int, alpha: float = 0.5) -> torch.Tensor:
+    """Clips ``[B, 3, T, H, W]`` in [0, 1] with the masks of their ``T' x H' x W'`` token grid:
+    the first frame of each tubelet, tinted as :func:`mask_overlay` does, side by side in time
+    order. Returns ``[B, 3, H, T' * W]``."""
+    batch, _, frames, height, width = clips.shape
+    grid_t, grid_h, grid_w = frames // tubelet_size, height // patch_size, width // patch_size
+    colour, painted = _token_tints(batch, grid_t * grid_h * grid_w, context_indices, target_indices, clips.device)
+    colour = colour.view(batch, grid_t, grid_h, grid_w, 3).permute(0, 4, 1, 2, 3)  # [B, 3, T', H', W']
+    colour = colour.repeat_interleave(patch_size, 3).repeat_interleave(patch_size, 4)
+    painted = painted.view(batch, 1, grid_t, grid_h, grid_w).repeat_interleave(patch_size, 3).repeat_interleave(patch_size, 4)
+    shown = clips[:, :, ::tubelet_size]  # [B, 3, T', H, W]
+    tinted = torch.where(painted, (1 - alpha) * shown + alpha * colour, 0.35 * shown)
+    return tinted.permute(0, 1, 3, 2, 4).reshape(batch, 3, height, grid_t * width)
 
 
 @torch.no_grad()
@@ -61,10 +85,12 @@ def position_loss_map(pl_module: L.LightningModule, batch: dict[str, torch.Tenso
     """
     images, context_indices, target_indices = batch["images"], batch["context_indices"], batch["target_indices"]
     batch_size, num_blocks, num_targets = target_indices.shape
-    target_features = pl_module.target_encoder(images)
+    times = pl_module.token_times(batch.get("frame_times"))  # clips' timestamps, if any
+    target_features = pl_module.target_encoder(images, **times)
     target_features = F.layer_norm(target_features, target_features.shape[-1:])
     targets = gather_patches(target_features, target_indices.flatten(1)).view(batch_size, num_blocks, num_targets, -1)
-    predictions = pl_module.predictor(pl_module.encoder(images, context_indices), context_indices, target_indices)
+    context = pl_module.encoder(images, context_indices, **times)
+    predictions = pl_module.predictor(context, context_indices, target_indices, **times)
     loss_fn = F.mse_loss if pl_module.hparams.loss == "mse" else F.smooth_l1_loss
     per_target = loss_fn(predictions.float(), targets.float(), reduction="none").mean(-1)  # [B, M, Kt]
     num_positions = target_features.size(1)
@@ -75,10 +101,16 @@ def position_loss_map(pl_module: L.LightningModule, batch: dict[str, torch.Tenso
     return loss_sum, count
 
 
-def heat_map(values: torch.Tensor, grid_size: int, cell: int = 8) -> torch.Tensor:
+def heat_map(values: torch.Tensor, grid_size: int | tuple[int, int, int], cell: int = 8) -> torch.Tensor:
     """``[N]`` values -> ``[3, G * cell, G * cell]`` image, dark (low) to bright yellow (high);
-    positions never predicted (NaN) are grey (:func:`ijepa.explore.heat_image`)."""
-    return heat_image(values.view(grid_size, grid_size), cell).to(values.device)
+    positions never predicted (NaN) are grey (:func:`ijepa.explore.heat_image`). For a clip
+    grid ``(T', H', W')`` the ``T'`` time slices sit side by side: ``[3, H' * cell, T' W' * cell]``."""
+    if isinstance(grid_size, int):
+        grid = values.view(grid_size, grid_size)
+    else:
+        grid_t, grid_h, grid_w = grid_size
+        grid = values.view(grid_t, grid_h, grid_w).permute(1, 0, 2).reshape(grid_h, grid_t * grid_w)
+    return heat_image(grid, cell).to(values.device)
 
 
 class JEPAImages(Callback):
@@ -86,8 +118,10 @@ class JEPAImages(Callback):
     the first validation batch, the same masks every time), log to TensorBoard:
 
     * ``jepa/masks``: the images with the context (blue) and each target block (its own colour);
+      clips show the first frame of each tubelet side by side, one clip per row;
     * ``jepa/loss_map``: the prediction loss per position averaged over the whole first
-      validation batch (which positions are hard to predict), plus its scalar mean;
+      validation batch (which positions are hard to predict), plus its scalar mean; for clips
+      the time slices side by side;
     * histograms ``hist/target_features`` and, for table-based encodings, ``hist/positions_*``.
 
     Other loggers are skipped.
@@ -113,16 +147,23 @@ class JEPAImages(Callback):
             return
         step = trainer.global_step
         shown = {k: v[: self.num_images] for k, v in batch.items()}
-        overlay = mask_overlay(unnormalize(shown["images"]), shown["context_indices"], shown["target_indices"],
-                               pl_module.hparams.patch_size)
-        grid_size = pl_module.encoder.grid_size
+        hp = pl_module.hparams
+        if hp.num_frames:  # clips: one row of tubelet first frames per clip, loss map per time slice
+            overlay = clip_mask_overlay(unnormalize(shown["images"]), shown["context_indices"], shown["target_indices"],
+                                        hp.patch_size, hp.tubelet_size)
+            grid_size = pl_module.encoder.grid
+        else:
+            overlay = mask_overlay(unnormalize(shown["images"]), shown["context_indices"], shown["target_indices"],
+                                   hp.patch_size)
+            grid_size = pl_module.encoder.grid_size
         per_position = torch.where(count > 0, loss_sum / count.clamp_min(1), torch.full_like(loss_sum, float("nan")))
         for logger in loggers:
             writer = logger.experiment
-            writer.add_image("jepa/masks", make_grid(overlay.cpu(), nrow=min(self.num_images, 8), padding=2), step)
+            per_row = 1 if hp.num_frames else min(self.num_images, 8)
+            writer.add_image("jepa/masks", make_grid(overlay.cpu(), nrow=per_row, padding=2), step)
             writer.add_image("jepa/loss_map", heat_map(per_position.cpu(), grid_size), step)
             with torch.no_grad():
-                features = pl_module.target_encoder(shown["images"])
+                features = pl_module.target_encoder(shown["images"], **pl_module.token_times(shown.get("frame_times")))
             writer.add_histogram("hist/target_features", features.float().cpu(), step)
             for name, network in (("encoder", pl_module.encoder), ("predictor", pl_module.predictor)):
                 table = getattr(network.position, "table", None)

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import lightning as L
+import torch
+import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from ijepa.explore import heat_image
 from ijepa.nn.position import AdditivePositionEmbedding, cosine_similarity_grid
+from ijepa.nn.video import VideoPositionEncoding
 
 
 class PositionSimilarityImages(Callback):
     """At each validation, log ViT's Figure 7 for every table-based position encoding (``learned``,
     ``learned_2d``, ``sincos``) of the encoder and the predictor: the cosine similarity of each
     position's embedding with every other position, one tile per position. Images are named
-    ``positions/encoder`` and ``positions/predictor``; other loggers are skipped."""
+    ``positions/encoder`` and ``positions/predictor``; other loggers are skipped.
+
+    Clip tables (``sincos_3d``, ``learned_3d``) give the figure for the first time slice, plus
+    ``positions/<name>_time``: the ``T' x T'`` similarity of time slices (the cosine of the same
+    spatial position at two times, averaged over positions)."""
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
@@ -23,6 +31,13 @@ class PositionSimilarityImages(Callback):
             position = network.position
             if not isinstance(position, AdditivePositionEmbedding):
                 continue
-            image = cosine_similarity_grid(position.table(), position.grid_height, position.grid_width)
+            table = position.table().detach().float()
+            images = {}
+            if isinstance(position, VideoPositionEncoding):
+                slices = F.normalize(table.view(position.grid_time, position.grid_height * position.grid_width, -1), dim=-1)
+                images[f"positions/{name}_time"] = heat_image(torch.einsum("tsd,usd->tu", slices, slices) / slices.size(1), 16)
+                table = table[: position.grid_height * position.grid_width]
+            images[f"positions/{name}"] = cosine_similarity_grid(table, position.grid_height, position.grid_width)
             for logger in loggers:
-                logger.experiment.add_image(f"positions/{name}", image.cpu(), global_step=trainer.global_step)
+                for tag, image in images.items():
+                    logger.experiment.add_image(tag, image.cpu(), global_step=trainer.global_step)

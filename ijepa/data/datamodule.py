@@ -119,6 +119,7 @@ class IJEPADataModule(L.LightningDataModule):
         clip_directions: 4 or 8 motion classes (moving_shapes).
         clip_speed: range of the motion speed in pixels per frame (moving_shapes).
         clip_background: ``texture`` (the whole scene pans) or ``plain`` (moving_shapes).
+        clip_num_objects: instances of the clip's shape, all moving together (moving_shapes).
         clip_fps: frames per second of the clips: moving_shapes' nominal rate (null: no
             timestamps, M-RoPE uses frame indices); videofolder's sampling rate (null: use
             ``frame_stride``). With a rate, batches carry ``frame_times [B, T]`` in seconds.
@@ -157,6 +158,7 @@ class IJEPADataModule(L.LightningDataModule):
         clip_directions: int = 4,
         clip_speed: tuple[float, float] = (1.0, 2.0),
         clip_background: str = "texture",
+        clip_num_objects: int = 1,
         clip_fps: float | None = None,
         frame_stride: int = 1,
     ):
@@ -315,7 +317,8 @@ class IJEPADataModule(L.LightningDataModule):
         def make(split: str, size: int) -> MovingShapesClips:
             return MovingShapesClips(size, hp.num_frames, hp.image_size, split=split, seed=hp.seed,
                                      num_directions=hp.clip_directions, speed=tuple(hp.clip_speed),
-                                     background=hp.clip_background, fps=hp.clip_fps, transform=ClipToTensor())
+                                     background=hp.clip_background, fps=hp.clip_fps,
+                                     num_objects=hp.clip_num_objects, transform=ClipToTensor())
 
         train_set = make("train", hp.shapes_train_size)
         val_set = make("val", hp.shapes_val_size)

@@ -2,8 +2,8 @@
 
 Each clip shows one shape (any of the ten image classes, random size, rotation and colour) moving
 at constant velocity on a torus: it leaves one edge and comes back at the opposite one. With
-``background="texture"`` (the default) the whole scene pans: a smooth random colour texture moves
-with the shape, so every patch of every frame shows the motion. With ``"plain"`` the background
+``background="texture"`` (the default) the whole scene pans: a smooth random colour texture
+around mid-grey moves with the shape, so every patch of every frame shows the motion. With ``"plain"`` the background
 is a flat colour and only the patches the shape crosses move. The label is the direction of
 motion. Because of the wrap-around, the content of any single frame has the same distribution
 whatever the direction, so no single frame carries the label: a probe has to use time
@@ -65,6 +65,8 @@ class MovingShapesClips(Dataset):
         speed: (min, max) pixels per frame, drawn per clip.
         radius: (min, max) shape radius as a fraction of ``image_size``.
         background: ``texture`` (a smooth colour texture moving with the shape) or ``plain``.
+        num_objects: instances of the clip's shape (own position, size, rotation, colour), all
+            moving with the same velocity.
         fps: when set, the clips' nominal frame rate: items become ``(clip, label, frame_times)``
             with ``frame_times [T] = t / fps`` seconds (for M-RoPE's timestamps).
         transform: applied to the ``uint8 [T, 3, H, W]`` clip.
@@ -72,7 +74,7 @@ class MovingShapesClips(Dataset):
 
     def __init__(self, num_samples: int, num_frames: int = 8, image_size: int = 32, split: str = "train", seed: int = 0,
                  num_directions: int = 4, speed: tuple[float, float] = (1.0, 2.0), radius: tuple[float, float] = (0.12, 0.2),
-                 background: str = "texture", fps: float | None = None, transform=None):
+                 background: str = "texture", fps: float | None = None, num_objects: int = 1, transform=None):
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
         if num_frames < 2:
@@ -94,7 +96,9 @@ class MovingShapesClips(Dataset):
         self.speed, self.radius, self.transform = tuple(speed), tuple(radius), transform
         if fps is not None and not fps > 0:
             raise ValueError(f"fps must be > 0 or None, got {fps}.")
-        self.background, self.fps = background, fps
+        if isinstance(num_objects, bool) or not isinstance(num_objects, int) or num_objects < 1:
+            raise ValueError(f"num_objects must be an int >= 1, got {num_objects!r}.")
+        self.background, self.fps, self.num_objects = background, fps, num_objects
         self.directions = DIRECTIONS[:: 8 // num_directions]
         self.targets = [i % num_directions for i in range(num_samples)]
 
@@ -118,28 +122,39 @@ class MovingShapesClips(Dataset):
         bg = colorsys.hsv_to_rgb(u[6], 0.35 * u[7], 0.05 + 0.9 * u[8])
         if _rgb_dist(fg, bg) < _MIN_CONTRAST:
             bg = max(((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)), key=lambda c: _rgb_dist(c, fg))
-        return dict(shape=int(u[9] * len(CLASSES)) % len(CLASSES), x0=size * u[10], y0=size * u[11],
-                    vx=speed * math.cos(angle), vy=speed * math.sin(angle), radius=radius,
-                    c=math.cos(theta) / radius, s=math.sin(theta) / radius, fg=fg, bg=bg,
-                    noise=torch.randn(self.num_frames, 3, size, size, generator=g),
-                    texture=torch.randn(3, size, size, generator=g))
+        objects = [dict(x0=size * u[10], y0=size * u[11], radius=radius, c=math.cos(theta) / radius,
+                        s=math.sin(theta) / radius, fg=fg)]
+        noise = torch.randn(self.num_frames, 3, size, size, generator=g)
+        texture = torch.randn(3, size, size, generator=g)
+        for _ in range(self.num_objects - 1):  # more instances of the clip's shape, all moving together
+            x, y, r, a, h, sat, val = torch.rand(7, generator=g, dtype=torch.float64).tolist()
+            r = size * (self.radius[0] + (self.radius[1] - self.radius[0]) * r)
+            objects.append(dict(x0=size * x, y0=size * y, radius=r, c=math.cos(2 * math.pi * a) / r,
+                                s=math.sin(2 * math.pi * a) / r,
+                                fg=colorsys.hsv_to_rgb(h, 0.65 + 0.35 * sat, 0.75 + 0.25 * val)))
+        return dict(shape=int(u[9] * len(CLASSES)) % len(CLASSES), objects=objects,
+                    vx=speed * math.cos(angle), vy=speed * math.sin(angle), bg=bg, noise=noise, texture=texture)
 
     def render(self, index: int) -> Tensor:
         """Clip ``index`` as ``uint8 [T, 3, H, W]``."""
         p, size = self.clip_parameters(index), self.image_size
         frames = []
         for t in range(self.num_frames):
-            cx, cy = (p["x0"] + p["vx"] * t) % size, (p["y0"] + p["vy"] * t) % size
-            # the torus: the shape and its copies one image-width away, so it wraps at the edges
-            reach = 1.5 * p["radius"]  # every shape fits in a disc of its radius * sqrt(2)
-            copies = [dict(cx=cx + dx, cy=cy + dy, c=p["c"], s=p["s"], fg=p["fg"])
-                      for dx in (-size, 0, size) for dy in (-size, 0, size)
-                      if -reach < cx + dx < size + reach and -reach < cy + dy < size + reach]
+            copies = []
+            for o in p["objects"]:
+                cx, cy = (o["x0"] + p["vx"] * t) % size, (o["y0"] + p["vy"] * t) % size
+                # the torus: the shape and its copies one image-width away, so it wraps at the edges
+                reach = 1.5 * o["radius"]  # every shape fits in a disc of its radius * sqrt(2)
+                copies += [dict(cx=cx + dx, cy=cy + dy, c=o["c"], s=o["s"], fg=o["fg"])
+                           for dx in (-size, 0, size) for dy in (-size, 0, size)
+                           if -reach < cx + dx < size + reach and -reach < cy + dy < size + reach]
             frames.append(dict(label=p["shape"], objects=copies, bg=p["bg"], noise=p["noise"][t]))
         if self.background == "plain":
             return _render(frames, size, "plain")
         texture = translating_texture(p["texture"], (p["vx"], p["vy"]), self.num_frames, _TEXTURE_CUTOFF * 32 / size)
-        base = torch.tensor(p["bg"], dtype=torch.float32).view(1, 3, 1, 1) + _TEXTURE_CONTRAST * texture
+        # Around mid-grey, not the clip's background colour: a colour shared by a whole clip is
+        # an easy, motion-free latent that the JEPA's features and the probes latch onto.
+        base = 0.5 + _TEXTURE_CONTRAST * texture
         return _render(frames, size, "plain", base=base)
 
     def __getitem__(self, index: int) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:

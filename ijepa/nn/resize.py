@@ -20,13 +20,16 @@ import torch.nn.functional as F
 
 INTERPOLATION_MODES = ("bicubic", "bilinear", "nearest")
 
-Grid = tuple[int, int]
+Grid = tuple[int, ...]  # (H, W), or (T, H, W) for clips
 
 
-def _check_grid(grid, name: str) -> Grid:
-    if len(grid) != 2 or any(int(g) != g or g <= 0 for g in grid):
-        raise ValueError(f"{name} must be two positive integers (grid_height, grid_width), got {grid}.")
-    return int(grid[0]), int(grid[1])
+def _check_grid(grid, name: str, dims: tuple[int, ...] = (2,)) -> Grid:
+    if len(grid) not in dims or any(int(g) != g or g <= 0 for g in grid):
+        what = "two positive integers (grid_height, grid_width)"
+        if 3 in dims:
+            what += " or, for clips, three (grid_time, grid_height, grid_width)"
+        raise ValueError(f"{name} must be {what}, got {grid}.")
+    return tuple(int(g) for g in grid)
 
 
 def _check_mode(mode: str) -> None:
@@ -93,6 +96,23 @@ def interpolate_position_embedding(
     grid = resample_grid(grid, (new_h, new_w), mode, antialias)
     out = torch.cat([prefix, grid.permute(1, 2, 0).reshape(new_h * new_w, -1)], dim=0)
     return out.unsqueeze(0) if batched else out
+
+
+def interpolate_3d_table(table: torch.Tensor, old_grid: tuple[int, int, int], new_grid: tuple[int, int, int],
+                         mode: str = "bicubic") -> torch.Tensor:
+    """A row-major ``[T H W, D]`` table resampled to ``[T' H' W', D]``: trilinear for
+    ``bicubic``/``bilinear`` (PyTorch has no tricubic), ``nearest`` for ``nearest``. An unchanged
+    grid returns the input exactly."""
+    _check_mode(mode)
+    old_grid, new_grid = _check_grid(old_grid, "old_grid", (3,)), _check_grid(new_grid, "new_grid", (3,))
+    if table.size(0) != old_grid[0] * old_grid[1] * old_grid[2]:
+        raise ValueError(f"table has {table.size(0)} rows, but old_grid {old_grid} has {old_grid[0] * old_grid[1] * old_grid[2]}.")
+    if old_grid == new_grid:
+        return table
+    grid = table.float().T.reshape(1, table.size(1), *old_grid)
+    kwargs = {"mode": "nearest"} if mode == "nearest" else {"mode": "trilinear", "align_corners": False}
+    out = F.interpolate(grid, size=new_grid, **kwargs)
+    return out.reshape(table.size(1), -1).T.contiguous().to(table.dtype)
 
 
 def interpolate_axis_table(table: torch.Tensor, new_length: int, mode: str = "bicubic", antialias: bool = False) -> torch.Tensor:
@@ -168,7 +188,9 @@ def resize_state_dict(
     Every :class:`~ijepa.nn.PositionEncoding` in ``model`` resizes its own grid-dependent
     tensors (``learned`` as a 2D grid, ``learned_2d`` per axis, ``relative_bias`` over the new
     offsets; sin-cos and RoPE need nothing: they are rebuilt for the model's grid), and every
-    :class:`~ijepa.nn.PatchEmbed` kernel is resized when the patch size differs.
+    :class:`~ijepa.nn.PatchEmbed` kernel is resized when the patch size differs. For clip models
+    ``old_grid_size`` is ``(T', H', W')``: ``learned_3d`` tables are resampled trilinearly (over
+    time and space), ``sincos_3d`` and ``mrope`` are rebuilt.
 
     Returns ``{key: (old_shape, new_shape, resizer)}`` for every tensor it changed (the resizer
     lets a caller apply the same map to, e.g., optimizer moments). Raises ValueError listing the
@@ -177,7 +199,7 @@ def resize_state_dict(
     from ijepa.nn.patch import PatchEmbed
     from ijepa.nn.position import PositionEncoding
 
-    old_grid_size = _check_grid(old_grid_size, "old_grid_size")
+    old_grid_size = _check_grid(old_grid_size, "old_grid_size", dims=(2, 3))
     changed: dict[str, tuple[tuple[int, ...], tuple[int, ...], Resizer]] = {}
 
     def apply(key: str, resizer: Resizer) -> None:

@@ -121,6 +121,13 @@ class Learned3DPositionEmbedding(VideoPositionEncoding, AdditivePositionEmbeddin
     def table(self) -> torch.Tensor:
         return self.embedding.weight
 
+    def state_resizers(self, old_grid, mode="bicubic", antialias=False):
+        from ijepa.nn.resize import interpolate_3d_table
+
+        if len(old_grid) != 3:
+            raise ValueError(f"learned_3d needs the checkpoint's (T', H', W') grid, got {old_grid}.")
+        return {"embedding.weight": lambda t: interpolate_3d_table(t, tuple(old_grid), self.grid, mode)}
+
 
 def mrope_sections(pairs: int) -> tuple[int, int, int]:
     """Qwen2-VL's default split of ``pairs`` rotary channel pairs: a quarter for time, the rest
