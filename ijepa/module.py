@@ -174,6 +174,15 @@ class IJEPA(L.LightningModule):
         network = self.target_encoder if encoder == "target" else self.encoder
         return network.pooled_features(images, last_blocks, **self.token_times(frame_times))
 
+    @torch.no_grad()
+    def token_features(self, images: torch.Tensor, encoder: str = "target",
+                       frame_times: torch.Tensor | None = None) -> torch.Tensor:
+        """Every token's features through the encoder's final norm, ``[B, C, H, W] -> [B, N, D]``
+        (clips ``[B, C, T, H, W]`` with optional ``frame_times [B, T]``), from the ``target``
+        (default) or ``online`` encoder: what an attentive probe reads."""
+        network = self.target_encoder if encoder == "target" else self.encoder
+        return network(images, **self.token_times(frame_times))
+
     def token_times(self, frame_times: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """A clip batch's per-frame timestamps ``[B, T]`` -> the keyword arguments the encoders and
         predictor take: ``{"frame_times": [B, T']}`` (each tubelet's first frame), or ``{}``."""

@@ -1,5 +1,6 @@
 """Callbacks, each switchable in a config's ``trainer.callbacks``."""
 
+from ijepa.callbacks.attentive import AttentivePooler, AttentiveProbe, train_attentive_classifier
 from ijepa.callbacks.collapse import CollapseMonitor, feature_std, rankme
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
 from ijepa.callbacks.jepa_images import JEPAImages, mask_overlay, position_loss_map
@@ -9,6 +10,8 @@ from ijepa.callbacks.position_images import PositionSimilarityImages
 from ijepa.callbacks.resolution import PositionEmbeddingInterpolation
 
 __all__ = [
+    "AttentivePooler",
+    "AttentiveProbe",
     "CollapseMonitor",
     "EMATargetUpdate",
     "JEPAImages",
@@ -23,5 +26,6 @@ __all__ = [
     "mask_overlay",
     "position_loss_map",
     "rankme",
+    "train_attentive_classifier",
     "train_linear_classifier",
 ]

@@ -53,10 +53,12 @@ def _unshard(gathered: torch.Tensor, size: int) -> torch.Tensor:
 
 @torch.no_grad()
 def extract_features(
-    trainer: L.Trainer, pl_module: L.LightningModule, loader: DataLoader, encoder: str = "target", last_blocks: int = 1
+    trainer: L.Trainer, pl_module: L.LightningModule, loader: DataLoader, encoder: str = "target", last_blocks: int = 1,
+    tokens: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean-pooled ``encoder`` features ``[N, D]`` (``[N, last_blocks * D]``, see
     :meth:`IJEPA.features`) and labels ``[N]`` of every labelled image in ``loader`` (labels ``>= 0``).
+    With ``tokens=True``, every token's features instead, ``[N, K, D]`` (:meth:`IJEPA.token_features`).
 
     Under DDP each rank encodes every ``world_size``-th image and the features are gathered back
     into the dataset's order, so every rank holds what a single process would.
@@ -70,7 +72,10 @@ def extract_features(
             images = batch["images"].to(pl_module.device, non_blocking=True)
             times = batch.get("frame_times")
             times = None if times is None else times.to(pl_module.device, non_blocking=True)
-            features.append(pl_module.features(images, encoder, last_blocks, frame_times=times).float())
+            if tokens:
+                features.append(pl_module.token_features(images, encoder, frame_times=times).float())
+            else:
+                features.append(pl_module.features(images, encoder, last_blocks, frame_times=times).float())
             labels.append(batch["labels"].to(pl_module.device))
     features, labels = torch.cat(features), torch.cat(labels)
     if world > 1:

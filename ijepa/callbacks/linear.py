@@ -95,6 +95,10 @@ class LinearProbe(Callback):
         self.probe_at_start = probe_at_start
         self._last_probed_step: int | None = None
 
+    # What this probe logs and prints; AttentiveProbe overrides them.
+    metric = "linear_top1"
+    title = "Linear probe"
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         depth = len(pl_module.encoder.transformer.blocks)
         if self.last_blocks > depth:
@@ -123,17 +127,17 @@ class LinearProbe(Callback):
             return
         top1 = self.evaluate(trainer, pl_module)
         self._last_probed_step = trainer.global_step
-        pl_module.log("val/linear_top1", top1)
+        pl_module.log(f"val/{self.metric}", top1)
         if in_fit:
-            rank_zero_info(f"Linear probe (step {trainer.global_step}): val/linear_top1 = {top1:.4f}")
+            rank_zero_info(f"{self.title} (step {trainer.global_step}): val/{self.metric} = {top1:.4f}")
 
     def _probe_and_log_direct(self, trainer: L.Trainer, pl_module: L.LightningModule, when: str) -> None:
         # Outside the validation loop self.log is not available, so write to the loggers directly.
         top1 = self.evaluate(trainer, pl_module)
         self._last_probed_step = trainer.global_step
         for logger in trainer.loggers:
-            logger.log_metrics({"val/linear_top1": top1}, step=trainer.global_step)
-        rank_zero_info(f"Linear probe ({when}, step {trainer.global_step}): val/linear_top1 = {top1:.4f}")
+            logger.log_metrics({f"val/{self.metric}": top1}, step=trainer.global_step)
+        rank_zero_info(f"{self.title} ({when}, step {trainer.global_step}): val/{self.metric} = {top1:.4f}")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.probe_at_start and trainer.global_step == 0:
@@ -144,4 +148,4 @@ class LinearProbe(Callback):
             self._probe_and_log_direct(trainer, pl_module, "end of training")
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.log("test/linear_top1", self.evaluate(trainer, pl_module))
+        pl_module.log(f"test/{self.metric}", self.evaluate(trainer, pl_module))

@@ -1,0 +1,82 @@
+"""The attentive probe: it reads what mean pooling averages away, leaves the global RNG alone,
+and runs on the same schedule as the other probes."""
+
+import csv
+
+import lightning as L
+import pytest
+import torch
+from conftest import TINY_MODEL
+
+from ijepa.callbacks import AttentiveProbe, train_attentive_classifier, train_linear_classifier
+from ijepa.data import IJEPADataModule
+from ijepa.module import IJEPA
+
+
+def paired_tokens(n: int, seed: int):
+    """``[n, 8, 16]`` noise tokens. In class 1, two tokens are replaced by ``+v`` and ``-v``, so
+    the mean over tokens has the same distribution in both classes; in class 0 none are."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randn(n, 8, 16, generator=g)
+    labels = torch.arange(n) % 2
+    v = torch.zeros(16)
+    v[0] = 6.0
+    for i in torch.nonzero(labels).flatten().tolist():
+        a, b = torch.randperm(8, generator=g)[:2].tolist()
+        tokens[i, a], tokens[i, b] = v, -v
+    return tokens, labels
+
+
+def test_attention_pooling_reads_what_mean_pooling_averages_away():
+    x, y = paired_tokens(600, seed=0)
+    test_x, test_y = paired_tokens(400, seed=1)
+    probe = train_attentive_classifier(x, y, 2, num_heads=2, steps=300, batch_size=64)
+    with torch.no_grad():
+        attentive = (probe(test_x).argmax(1) == test_y).float().mean().item()
+        linear = (train_linear_classifier(x.mean(1), y, 2)(test_x.mean(1)).argmax(1) == test_y).float().mean().item()
+    assert attentive > 0.95 and linear < 0.65, (attentive, linear)
+
+
+def test_the_classifier_is_seeded_and_leaves_the_global_rng_alone():
+    x, y = paired_tokens(64, seed=0)
+    state = torch.get_rng_state()
+    a = train_attentive_classifier(x, y, 2, num_heads=2, steps=5, seed=3)
+    assert torch.equal(torch.get_rng_state(), state)
+    b = train_attentive_classifier(x, y, 2, num_heads=2, steps=5, seed=3)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_probe_runs_at_start_and_end_of_fit_and_in_test(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, num_workers=0, crop_scale=None,
+                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=64, shapes_val_size=64)
+    logger = CSVLogger(tmp_path)
+    trainer = L.Trainer(callbacks=[AttentiveProbe(num_heads=2, steps=20)], logger=logger, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, max_steps=2, limit_val_batches=0)
+    model = IJEPA(**TINY_MODEL)
+    trainer.fit(model, datamodule=data)
+    with open(f"{logger.log_dir}/metrics.csv") as file:
+        values = {int(row["step"]): float(row["val/attentive_top1"]) for row in csv.DictReader(file) if row.get("val/attentive_top1")}
+    assert sorted(values) == [0, 2] and all(0.0 <= v <= 1.0 for v in values.values())
+    tested = L.Trainer(callbacks=[AttentiveProbe(num_heads=2, steps=5)], logger=False, enable_progress_bar=False,
+                       enable_model_summary=False).test(model, datamodule=data, verbose=False)[0]
+    assert "test/attentive_top1" in tested
+    assert model.token_features(torch.randn(2, 3, 32, 32)).shape == (2, 16, 32)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"steps": 0}, "steps must be >= 1"), ({"lr": 0.0}, "lr must be > 0"),
+                                           ({"weight_decay": -1.0}, "weight_decay must be >= 0"),
+                                           ({"encoder": "ema"}, "encoder")])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AttentiveProbe(**kwargs)
+
+
+def test_heads_must_divide_the_encoder_width(tmp_path):
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, num_workers=0, crop_scale=None,
+                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=64, shapes_val_size=64)
+    with pytest.raises(ValueError, match="AttentiveProbe num_heads must divide the encoder width 32, got 3"):
+        L.Trainer(callbacks=[AttentiveProbe(num_heads=3)], logger=False, enable_progress_bar=False,
+                  max_steps=1, limit_val_batches=0, default_root_dir=tmp_path).fit(IJEPA(**TINY_MODEL), datamodule=data)
