@@ -137,6 +137,9 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
         IJEPADataModule(dataset="videofolder", num_frames=4, clip_fps=-1.0)
     with pytest.raises(FileNotFoundError, match="video folder not found"):
         IJEPADataModule(dataset="videofolder", root=str(tmp_path / "nope"), num_frames=4).setup()
+    (tmp_path / "only_val" / "val" / "a").mkdir(parents=True)
+    with pytest.raises(ValueError, match="has val/ but no train/ folder"):
+        IJEPADataModule(dataset="videofolder", root=str(tmp_path / "only_val"), num_frames=4).setup()
 
 
 def test_moving_shapes_with_a_frame_rate_carry_frame_times():

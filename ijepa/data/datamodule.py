@@ -338,6 +338,8 @@ class IJEPADataModule(L.LightningDataModule):
                                     transform=ClipToTensor())
 
         held_out = next((root / name for name in ("val", "test") if (root / name).is_dir()), None)
+        if held_out is not None and not (root / "train").is_dir():
+            raise ValueError(f"data.root={str(root)!r} has {held_out.name}/ but no train/ folder beside it.")
         if (root / "train").is_dir() and held_out is not None:
             evaluate = make(root / "train", False)
             splits = {"pretrain": make(root / "train", True), "val": make(held_out, False), "knn_train": evaluate,
