@@ -1,9 +1,10 @@
-"""The IJEPADataModule: STL-10, any image folder, or generated shapes, with I-JEPA masks."""
+"""The IJEPADataModule: STL-10, image or video folders, or generated shapes and clips, with I-JEPA masks."""
 
 from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -258,34 +259,38 @@ class IJEPADataModule(L.LightningDataModule):
         }
 
     def _imagefolder(self) -> dict[str, Dataset]:
+        train, evaluate = self.train_transform(), self.eval_transform()
+        return self._folder_splits("image", lambda path, training: self._folder(path, train if training else evaluate))
+
+    def _folder_splits(self, kind: str, make: Callable[[Path, bool], Dataset]) -> dict[str, Dataset]:
+        """The four splits of a class-folder dataset (images or videos); ``make(path, training)``
+        builds one dataset with a ``classes`` list and ``targets``. With ``root/train`` and
+        ``root/val`` (or ``root/test``) those are the splits; otherwise (``root`` or
+        ``root/train`` alone) a deterministic, class-balanced ``holdout_fraction`` is held out for
+        probing and not pretrained on."""
         root = Path(self.hparams.root)
         if not root.is_dir():
-            raise FileNotFoundError(f"image folder not found: data.root={str(root)!r} is not a directory.")
-        train, evaluate = self.train_transform(), self.eval_transform()
+            raise FileNotFoundError(f"{kind} folder not found: data.root={str(root)!r} is not a directory.")
         held_out = next((root / name for name in ("val", "test") if (root / name).is_dir()), None)
         has_train = (root / "train").is_dir()
         if held_out is not None and not has_train:
             raise ValueError(f"data.root={str(root)!r} has {held_out.name}/ but no train/ folder beside it.")
         if has_train and held_out is not None:
-            folders = {"pretrain": (root / "train", train), "val": (held_out, evaluate),
-                       "knn_train": (root / "train", evaluate), "knn_test": (held_out, evaluate)}
-            splits = {name: self._folder(path, tf) for name, (path, tf) in folders.items()}
+            splits = {"pretrain": make(root / "train", True), "val": make(held_out, False),
+                      "knn_train": make(root / "train", False), "knn_test": make(held_out, False)}
             self.num_classes = len(splits["knn_train"].classes)
-        else:
-            # One folder (root, or root/train alone): hold out a fixed, class-balanced share.
-            folder = str(root / "train") if has_train else str(root)
-            pretrain_set = self._folder(folder, train)
-            eval_set = self._folder(folder, evaluate)
-            train_idx, test_idx = holdout_split(pretrain_set.targets, self.hparams.holdout_fraction)
-            if not test_idx or not train_idx:
-                raise ValueError(
-                    f"data.root={str(root)!r} has too few images to hold out "
-                    f"holdout_fraction={self.hparams.holdout_fraction} of each class for probing."
-                )
-            splits = {"pretrain": Subset(pretrain_set, train_idx), "val": Subset(eval_set, test_idx),
-                      "knn_train": Subset(eval_set, train_idx), "knn_test": Subset(eval_set, test_idx)}
-            self.num_classes = len(pretrain_set.classes)
-        return splits
+            return splits
+        folder = root / "train" if has_train else root
+        pretrain_set, eval_set = make(folder, True), make(folder, False)
+        train_idx, test_idx = holdout_split(pretrain_set.targets, self.hparams.holdout_fraction)
+        if not test_idx or not train_idx:
+            raise ValueError(
+                f"data.root={str(root)!r} has too few {kind}s to hold out "
+                f"holdout_fraction={self.hparams.holdout_fraction} of each class for probing."
+            )
+        self.num_classes = len(pretrain_set.classes)
+        return {"pretrain": Subset(pretrain_set, train_idx), "val": Subset(eval_set, test_idx),
+                "knn_train": Subset(eval_set, train_idx), "knn_test": Subset(eval_set, test_idx)}
 
     def _folder(self, path, transform: v2.Transform) -> RobustImageFolder:
         return RobustImageFolder(str(path), transform=transform, bad_images=self.hparams.bad_images)
@@ -328,34 +333,14 @@ class IJEPADataModule(L.LightningDataModule):
     def _videofolder(self) -> dict[str, Dataset]:
         from ijepa.data.video_folder import VideoFolderClips
 
-        hp, root = self.hparams, Path(self.hparams.root)
-        if not root.is_dir():
-            raise FileNotFoundError(f"video folder not found: data.root={str(root)!r} is not a directory.")
+        hp = self.hparams
 
-        def make(path: Path, train: bool) -> VideoFolderClips:
+        def make(path: Path, training: bool) -> VideoFolderClips:
             return VideoFolderClips(path, hp.num_frames, hp.image_size, fps=hp.clip_fps, frame_stride=hp.frame_stride,
-                                    start="random" if train else "center", crop_scale=hp.crop_scale if train else None,
+                                    start="random" if training else "center", crop_scale=hp.crop_scale if training else None,
                                     transform=ClipToTensor())
 
-        held_out = next((root / name for name in ("val", "test") if (root / name).is_dir()), None)
-        if held_out is not None and not (root / "train").is_dir():
-            raise ValueError(f"data.root={str(root)!r} has {held_out.name}/ but no train/ folder beside it.")
-        if (root / "train").is_dir() and held_out is not None:
-            evaluate = make(root / "train", False)
-            splits = {"pretrain": make(root / "train", True), "val": make(held_out, False), "knn_train": evaluate,
-                      "knn_test": make(held_out, False)}
-            self.num_classes = len(evaluate.classes)
-        else:
-            folder = root / "train" if (root / "train").is_dir() else root
-            pretrain_set, eval_set = make(folder, True), make(folder, False)
-            train_idx, test_idx = holdout_split(pretrain_set.targets, hp.holdout_fraction)
-            if not test_idx or not train_idx:
-                raise ValueError(f"data.root={str(root)!r} has too few videos to hold out "
-                                 f"holdout_fraction={hp.holdout_fraction} of each class for probing.")
-            splits = {"pretrain": Subset(pretrain_set, train_idx), "val": Subset(eval_set, test_idx),
-                      "knn_train": Subset(eval_set, train_idx), "knn_test": Subset(eval_set, test_idx)}
-            self.num_classes = len(eval_set.classes)
-        return splits
+        return self._folder_splits("video", make)
 
     def split(self, name: str) -> Dataset:
         """One of the datasets ``pretrain``, ``val``, ``knn_train``, ``knn_test``."""
