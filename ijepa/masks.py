@@ -2,13 +2,20 @@
 
 Per image: ``num_target_blocks`` rectangular target blocks and one large context block from
 which every target patch is removed. Block shapes are drawn once per batch (as in I-JEPA), so
-every target block in a batch has the same number of patches; contexts are randomly thinned to
-the smallest context in the batch, so every context has the same length too.
+every target block in a batch has the same number of patches. A block's top-left corner is drawn
+uniformly over every position that keeps it inside the grid, ``[0, G - h]`` (the official sampler
+draws from ``[0, G - h)`` and so never reaches the last row and column); cells near the centre
+are then covered most often, as in I-JEPA (``docs/data_and_masks.md`` has the coverage maps).
 
-Placement differs from the official sampler on purpose: it draws a block's top-left corner from
-``[0, G - h)``, so the last row and column are never masked. Here the corner is drawn from
-``[-(h - 1), G - 1]`` and the block is pushed back inside the grid, which makes every cell
-reachable and lifts the edge cells' frequency close to the interior's.
+What is left of the context differs in size per image. ``context_policy`` says how a batch
+holds them:
+
+* ``pad`` (default): each image keeps its whole context; shorter ones are padded to the batch's
+  longest by repeating their last index, and the collator adds ``context_mask [B, Kc]`` (True for
+  real tokens) so the encoder and predictor ignore the padding;
+* ``thin`` (official I-JEPA): every context is randomly thinned to the batch's smallest, which
+  discards about a third of an average image's context on a 12x12 grid.
+
 """
 
 from __future__ import annotations
@@ -17,14 +24,38 @@ import math
 
 import torch
 
-from ijepa.nn.checks import check_indices
 from torch.utils.data import default_collate
+
+from ijepa.nn.checks import check_indices
+
+CONTEXT_POLICIES = ("pad", "thin")
 
 
 def _check_range(value: tuple[float, float], name: str, low: float, high: float) -> tuple[float, float]:
     if len(value) != 2 or not (low < value[0] <= value[1] <= high):
         raise ValueError(f"{name} must be (min, max) with {low} < min <= max <= {high}, got {tuple(value)}.")
     return float(value[0]), float(value[1])
+
+
+def pad_to_longest(context_masks: torch.Tensor) -> torch.Tensor:
+    """Boolean contexts ``[B, N]`` -> indices ``[B, keep]`` in increasing order, ``keep`` the
+    longest context of the batch; a shorter row repeats its last index to fill up (so every index
+    stays valid). :func:`context_padding_mask` recovers which entries are real."""
+    counts = context_masks.sum(1)
+    keep = int(counts.max())
+    # Stable sort puts each row's context indices first, in increasing order.
+    order = (~context_masks).to(torch.uint8).argsort(dim=1, stable=True)[:, :keep]
+    last = order.gather(1, (counts - 1).clamp_min(0)[:, None])
+    real = torch.arange(keep)[None, :] < counts[:, None]
+    return torch.where(real, order, last)
+
+
+def context_padding_mask(context_indices: torch.Tensor) -> torch.Tensor:
+    """``[B, Kc]`` indices from :func:`pad_to_longest` -> ``[B, Kc]`` boolean, True for real
+    tokens: real indices increase strictly, padding repeats the last one."""
+    real = torch.ones_like(context_indices, dtype=torch.bool)
+    real[:, 1:] = context_indices[:, 1:] != context_indices[:, :-1]
+    return real
 
 
 def thin_to_smallest(context_masks: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -49,7 +80,10 @@ class MultiBlockMaskSampler:
     """Sample I-JEPA context and target patch indices on a ``grid_size`` x ``grid_size`` grid.
 
     ``sampler(batch_size)`` returns ``context_indices [B, Kc]`` and ``target_indices [B, M, Kt]``,
-    row-major patch indices, each row sorted; contexts and targets are disjoint per image.
+    row-major patch indices, each row sorted; contexts and targets are disjoint per image. With
+    ``context_policy="pad"`` a context row shorter than ``Kc`` repeats its last index
+    (:func:`context_padding_mask` says which entries are real); with ``"thin"`` every row has
+    exactly ``Kc`` distinct indices.
     """
 
     def __init__(
@@ -62,7 +96,11 @@ class MultiBlockMaskSampler:
         context_aspect_ratio: tuple[float, float] = (1.0, 1.0),
         min_keep: int = 4,
         max_tries: int = 20,
+        context_policy: str = "pad",
     ):
+        if context_policy not in CONTEXT_POLICIES:
+            raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, got {context_policy!r}.")
+        self.context_policy = context_policy
         if grid_size < 2:
             raise ValueError(f"grid_size must be >= 2 patches per side, got {grid_size}.")
         if num_target_blocks < 1:
@@ -96,10 +134,11 @@ class MultiBlockMaskSampler:
     def place_blocks(
         self, count: int, height: int, width: int, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-left corners ``([count], [count])`` of ``height`` x ``width`` blocks inside the grid."""
+        """Top-left corners ``([count], [count])`` of ``height`` x ``width`` blocks, uniform over the
+        ``(G - height + 1) x (G - width + 1)`` positions inside the grid."""
         g = self.grid_size
-        top = torch.randint(-(height - 1), g, (count,), generator=generator).clamp(0, g - height)
-        left = torch.randint(-(width - 1), g, (count,), generator=generator).clamp(0, g - width)
+        top = torch.randint(0, g - height + 1, (count,), generator=generator)
+        left = torch.randint(0, g - width + 1, (count,), generator=generator)
         return top, left
 
     def block_indices(self, top: torch.Tensor, left: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -146,8 +185,13 @@ class MultiBlockMaskSampler:
                 f"or raise context_scale."
             )
 
-        context_indices = thin_to_smallest(context_masks, generator)
-        return context_indices, target_indices
+        return self.batch_contexts(context_masks, generator), target_indices
+
+    def batch_contexts(self, context_masks: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Boolean contexts ``[B, N]`` -> ``context_indices [B, Kc]`` under ``context_policy``."""
+        if self.context_policy == "pad":
+            return pad_to_longest(context_masks)
+        return thin_to_smallest(context_masks, generator)
 
     def check(self, tries: int = 8, batch_size: int = 64) -> None:
         """Fail fast (ValueError) if the settings cannot be satisfied on this grid."""
@@ -177,9 +221,10 @@ class SpatioTemporalMaskSampler(MultiBlockMaskSampler):
         temporal_scale: tuple[float, float] = (1.0, 1.0),
         min_keep: int = 4,
         max_tries: int = 20,
+        context_policy: str = "pad",
     ):
         super().__init__(grid_size, num_target_blocks, target_scale, target_aspect_ratio, (1.0, 1.0),
-                         min_keep=1, max_tries=max_tries)
+                         min_keep=1, max_tries=max_tries, context_policy=context_policy)
         if grid_time < 1:
             raise ValueError(f"grid_time must be >= 1 temporal position, got {grid_time}.")
         self.grid_time = grid_time
@@ -222,7 +267,7 @@ class SpatioTemporalMaskSampler(MultiBlockMaskSampler):
                 f"target blocks of {length}x{height}x{width} in {self.max_tries} tries: lower num_target_blocks, "
                 f"target_scale, temporal_scale or min_keep."
             )
-        return thin_to_smallest(context_masks, generator), target_indices
+        return self.batch_contexts(context_masks, generator), target_indices
 
 
 class MaskCollator:
@@ -230,8 +275,9 @@ class MaskCollator:
     frame_times)``) and samples masks for the batch.
 
     Returns a dict with ``images [B, C, H, W]`` (clips ``[B, C, T, H, W]``), ``labels [B]``,
-    ``context_indices [B, Kc]``, ``target_indices [B, M, Kt]`` and, for clips that carry them,
-    ``frame_times [B, T]`` (seconds). Runs in the DataLoader's worker processes. Samples whose last
+    ``context_indices [B, Kc]``, ``target_indices [B, M, Kt]``, with the sampler's
+    ``context_policy="pad"`` also ``context_mask [B, Kc]`` (True for real context tokens), and, for
+    clips that carry them, ``frame_times [B, T]`` (seconds). Runs in the DataLoader's worker processes. Samples whose last
     element is a per-sample seed (an ``int`` after the label, from
     :class:`ijepa.data.sampling.SeededSamples`) seed the batch's masks from all of them, so masks
     never depend on the worker or the global RNG.
@@ -252,7 +298,10 @@ class MaskCollator:
         # The range check the model skips in its hot path, here on CPU tensors (no device sync).
         check_indices(context_indices, self.sampler.num_patches, "context_indices")
         check_indices(target_indices.flatten(1), self.sampler.num_patches, "target_indices")
-        return {**batch, "context_indices": context_indices, "target_indices": target_indices}
+        masks = {"context_indices": context_indices, "target_indices": target_indices}
+        if self.sampler.context_policy == "pad":
+            masks["context_mask"] = context_padding_mask(context_indices)
+        return {**batch, **masks}
 
 
 def collate_samples(samples: list) -> dict[str, torch.Tensor]:

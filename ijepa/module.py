@@ -14,10 +14,12 @@ from ijepa.nn.checks import index_checks
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.resize import INTERPOLATION_MODES, resize_state_dict
-from ijepa.nn.vit import VisionTransformer
+from ijepa.nn.vit import VisionTransformer, block_token_outputs
+from ijepa.regularizers import SIGReg
 from ijepa.schedules import cosine_schedule, warmup_cosine_schedule
 
 LOSSES = ("smooth_l1", "mse")
+SIGREG_INPUTS = ("tokens", "pooled")
 
 
 class IJEPA(L.LightningModule):
@@ -30,8 +32,12 @@ class IJEPA(L.LightningModule):
       per-token layer norm -> gather the targets ``[B, M, Kt, D]``;
     * online branch: ``encoder(images, context_indices)`` ``[B, Kc, D]`` ->
       ``predictor(..., target_indices)`` ``[B, M, Kt, D]``;
-    * loss: smooth L1 (or MSE) between the two; the target encoder follows the online encoder by
-      EMA in :class:`ijepa.callbacks.EMATargetUpdate`, never by gradient.
+    * loss: smooth L1 (or MSE) between the two, optionally mixed with a collapse regulariser on the
+      context encoder's output, ``(1 - w) * jepa + w * sigreg``; the target encoder follows the
+      online encoder by EMA in :class:`ijepa.callbacks.EMATargetUpdate`, never by gradient.
+
+    A batch may carry ``context_mask [B, Kc]`` (True for real context tokens) when contexts of
+    different lengths are padded (``data.context_policy: pad``).
 
     The schedules follow the official I-JEPA recipe: AdamW with linear warm-up then cosine
     learning rate (``start_lr -> lr -> final_lr``) and a cosine weight-decay schedule
@@ -56,6 +62,17 @@ class IJEPA(L.LightningModule):
             one_pass (all blocks in one sequence under a block attention mask; the context no
             longer attends to the queries; faster, different math: ``docs/benchmarks.md``).
         loss: smooth_l1 (I-JEPA) or mse, on layer-normed target features.
+        target_last_blocks: targets are the average of the last n target-encoder blocks' outputs,
+            each layer-normed (data2vec-style; 1 is I-JEPA's last block only).
+        sigreg_weight: weight ``w`` of LeJEPA's SIGReg (:class:`ijepa.regularizers.SIGReg`) in
+            ``(1 - w) * jepa + w * sigreg``; 0 switches it off.
+        sigreg_input: what SIGReg sees: ``tokens`` (a random sample of ``sigreg_tokens`` context
+            tokens of the batch) or ``pooled`` (each image's mean context token).
+        sigreg_tokens: context tokens per step that SIGReg sees with ``sigreg_input=tokens``.
+        sigreg_slices: random 1-D projections SIGReg draws per step.
+        rescale_residuals: divide each block's residual output projections by ``sqrt(2 * layer)``
+            at init (the I-JEPA ViT's constructor); false starts as official I-JEPA training does,
+            whose ``init_model`` redraws every Linear after that rescale.
         lr: peak learning rate, reached after ``warmup_steps``.
         start_lr: learning rate at step 0 (linear warm-up from it).
         final_lr: learning rate at the last step (cosine decay to it).
@@ -93,6 +110,12 @@ class IJEPA(L.LightningModule):
         predictor_pos_embed: str = "sincos",
         predictor_mode: str = "per_block",
         loss: str = "smooth_l1",
+        target_last_blocks: int = 1,
+        sigreg_weight: float = 0.0,
+        sigreg_input: str = "tokens",
+        sigreg_tokens: int = 1024,
+        sigreg_slices: int = 256,
+        rescale_residuals: bool = True,
         lr: float = 1e-3,
         start_lr: float = 2e-4,
         final_lr: float = 1e-6,
@@ -114,6 +137,14 @@ class IJEPA(L.LightningModule):
                 raise ValueError(f"{name} must be >= 0, got {value}.")
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
+        if not 1 <= target_last_blocks <= depth:
+            raise ValueError(f"target_last_blocks must be in [1, {depth}] (the depth), got {target_last_blocks}.")
+        if not 0.0 <= sigreg_weight <= 1.0:
+            raise ValueError(f"sigreg_weight must be in [0, 1], got {sigreg_weight}.")
+        if sigreg_input not in SIGREG_INPUTS:
+            raise ValueError(f"sigreg_input must be one of {SIGREG_INPUTS}, got {sigreg_input!r}.")
+        if sigreg_tokens < 2:
+            raise ValueError(f"sigreg_tokens must be >= 2, got {sigreg_tokens}.")
         self.save_hyperparameters()
         # How checkpoints from another resolution are adapted on load; the
         # PositionEmbeddingInterpolation callback sets these from the config.
@@ -125,7 +156,7 @@ class IJEPA(L.LightningModule):
 
             self.encoder = VideoVisionTransformer(
                 num_frames, image_size, tubelet_size, patch_size, in_channels, embed_dim, depth, num_heads,
-                mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=pos_embed,
+                mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=pos_embed, rescale_residuals=rescale_residuals,
                 **({"time_unit": time_unit} if pos_embed == "mrope" else {}),
             )
             grid = self.encoder.grid
@@ -133,7 +164,7 @@ class IJEPA(L.LightningModule):
         else:
             self.encoder = VisionTransformer(
                 image_size, patch_size, in_channels, embed_dim, depth, num_heads, mlp_ratio,
-                drop_path_rate=drop_path_rate, pos_embed=pos_embed,
+                drop_path_rate=drop_path_rate, pos_embed=pos_embed, rescale_residuals=rescale_residuals,
             )
             grid = self.encoder.grid_size
             predictor_options = {}
@@ -141,8 +172,9 @@ class IJEPA(L.LightningModule):
         self.predictor = Predictor(
             grid, embed_dim, predictor_embed_dim, predictor_depth, predictor_num_heads,
             mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=predictor_pos_embed, mode=predictor_mode,
-            **predictor_options,
+            rescale_residuals=rescale_residuals, **predictor_options,
         )
+        self.sigreg = SIGReg(sigreg_slices) if sigreg_weight > 0 else None
 
     def setup(self, stage: str) -> None:
         # Denormal floats (below 1e-38, e.g. in AdamW's second moments) are very slow on CPU;
@@ -200,30 +232,57 @@ class IJEPA(L.LightningModule):
         return self.target_encoder(images, **self.token_times(frame_times))
 
     def jepa_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The I-JEPA loss of one masked batch (see the class docstring for the shapes)."""
+        """The training loss of one masked batch (see the class docstring for the shapes)."""
         return self.jepa_step(batch)[0]
 
     def jepa_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The loss and the target encoder's features of every patch ``[B, N, D]`` (before the
-        layer norm), for monitors that need them."""
+        """The loss and the target encoder's features of every patch ``[B, N, D]`` (its last block,
+        before the loss's layer norm), for monitors that need them. With SIGReg on, the loss is
+        ``(1 - w) * jepa + w * sigreg`` and both parts are logged (``*/jepa_loss``, ``*/sigreg``)."""
         images = batch["images"]  # or clips [B, C, T, H, W]
         context_indices, target_indices = batch["context_indices"], batch["target_indices"]
+        context_mask = batch.get("context_mask")  # [B, Kc], True for real tokens, when padded
         batch_size, num_blocks, num_targets = target_indices.shape
         # Clips may carry frame_times [B, T] (seconds), which M-RoPE turns into temporal positions.
         times = self.token_times(batch.get("frame_times"))
         with index_checks(self.hparams.debug_checks):
             with torch.no_grad():
-                target_features = self.target_encoder(images, **times)
-                normed = F.layer_norm(target_features, target_features.shape[-1:])
+                blocks = block_token_outputs(self.target_encoder, images, self.hparams.target_last_blocks, **times)
+                target_features = blocks[-1]
+                normed = torch.stack([F.layer_norm(b, b.shape[-1:]) for b in blocks]).mean(0) if len(blocks) > 1 \
+                    else F.layer_norm(target_features, target_features.shape[-1:])
                 targets = gather_patches(normed, target_indices.flatten(1))
                 targets = targets.view(batch_size, num_blocks, num_targets, -1)
-            context = self.encoder(images, context_indices, **times)
-            predictions = self.predictor(context, context_indices, target_indices, **times)
+            context = self.encoder(images, context_indices, token_mask=context_mask, **times)
+            predictions = self.predictor(context, context_indices, target_indices, context_mask=context_mask, **times)
         if self.hparams.loss == "mse":
             loss = F.mse_loss(predictions.float(), targets.float())
         else:
             loss = F.smooth_l1_loss(predictions.float(), targets.float())
+        if self.sigreg is not None:
+            weight = self.hparams.sigreg_weight
+            sigreg = self.sigreg(self.sigreg_inputs(context, context_mask), seed=self.global_step)
+            if self._trainer is not None:
+                stage = "train" if self.training else ("test" if self.trainer.testing else "val")
+                self.log(f"{stage}/jepa_loss", loss.detach(), sync_dist=stage != "train")
+                self.log(f"{stage}/sigreg", sigreg.detach(), sync_dist=stage != "train")
+            loss = (1 - weight) * loss + weight * sigreg
         return loss, target_features
+
+    def sigreg_inputs(self, context: torch.Tensor, context_mask: torch.Tensor | None) -> torch.Tensor:
+        """What SIGReg sees of the context encoder's output ``[B, Kc, D]``: ``[n, D]`` real tokens
+        drawn at random (seeded by the global step and the rank, so resume is exact), or each
+        image's mean real token ``[B, D]``."""
+        if self.hparams.sigreg_input == "pooled":
+            if context_mask is None:
+                return context.mean(1)
+            weights = context_mask.to(context.dtype)[..., None]
+            return (context * weights).sum(1) / weights.sum(1)
+        tokens = context.flatten(0, 1) if context_mask is None else context[context_mask]
+        count = min(self.hparams.sigreg_tokens, tokens.size(0))
+        generator = torch.Generator().manual_seed(self.global_step * 65_537 + self.global_rank)
+        chosen = torch.randperm(tokens.size(0), generator=generator)[:count].to(tokens.device)
+        return tokens[chosen]
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self.jepa_loss(batch)

@@ -26,6 +26,8 @@ def ddp_run(tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(TESTS))
     args = [sys.executable, "-m", "ijepa", "fit", "--config", str(TESTS / "tiny.yaml"), *DATA,
             "--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_steps=6",
+            # SIGReg all-reduces its statistic inside the step (tests/test_regularizers.py proves the math)
+            "--model.sigreg_weight=0.05", "--model.sigreg_tokens=64",
             f"--trainer.callbacks+={callback}"]
     result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -115,3 +115,39 @@ def test_the_cli_writes_checkpoints_atomically(tmp_path):
     with mock.patch("sys.argv", ["ijepa"]):
         cli = build_cli([f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def test_collapse_monitor_warns_on_dimensional_collapse_relative_to_the_width(tmp_path):
+    model = IJEPA(**TINY_MODEL)
+    with torch.no_grad():  # features vary in 2 of the 32 channels only: rankme <= 2 < 10% of 32
+        model.target_encoder.transformer.norm.weight[2:].zero_()
+    with pytest.warns(UserWarning, match=r"val/rankme=.* < 3.2 \(rankme_threshold=1.5, rankme_fraction=0.1 of the width 32\)"):
+        metrics = _validate(model, tmp_path, CollapseMonitor(rankme_threshold=1.5, rankme_fraction=0.1))
+    assert 1.0 <= metrics["val/rankme"] <= 2.0 + 1e-4
+    assert CollapseMonitor(rankme_threshold=1.5, rankme_fraction=0.1).rankme_floor(768) == pytest.approx(76.8)
+    with pytest.raises(ValueError, match="rankme_fraction must be in"):
+        CollapseMonitor(rankme_fraction=1.5)
+
+
+def test_collapse_monitor_logs_the_random_init_reference_at_step_0(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from ijepa.data import IJEPADataModule
+
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=16, num_workers=0, crop_scale=None,
+                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=32, shapes_val_size=32)
+    logger = CSVLogger(tmp_path)
+    trainer = L.Trainer(callbacks=[CollapseMonitor()], logger=logger, max_steps=1, limit_val_batches=0,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    model = IJEPA(**TINY_MODEL)
+    trainer.fit(model, datamodule=data)
+    import csv
+
+    rows = list(csv.DictReader(open(f"{logger.log_dir}/metrics.csv")))
+    at_start = [r for r in rows if r.get("val/rankme") and r["step"] == "0"]
+    assert len(at_start) == 1
+    # the logged value is the RankMe of the random-init target encoder's pooled val features
+    loader = data.val_dataloader()
+    with torch.no_grad():
+        features = torch.cat([model.target_encoder(b["images"]).mean(1) for b in loader])
+    assert float(at_start[0]["val/rankme"]) == pytest.approx(float(rankme(features)), rel=1e-4)

@@ -161,3 +161,53 @@ def test_optimizer_groups_and_schedules_follow_global_step(tmp_path):
     no_decay = trainer.optimizers[0].param_groups[1]["params"]
     assert any(p is model.predictor.mask_token for p in no_decay)
     assert all(p.ndim >= 2 for p in trainer.optimizers[0].param_groups[0]["params"])
+
+
+def test_rescale_residuals_divides_output_projections_only_when_asked():
+    torch.manual_seed(0)
+    rescaled = IJEPA(**{**TINY_MODEL, "depth": 4}, rescale_residuals=True)
+    torch.manual_seed(0)
+    official = IJEPA(**{**TINY_MODEL, "depth": 4}, rescale_residuals=False)
+    for layer, (a, b) in enumerate(zip(rescaled.encoder.transformer.blocks, official.encoder.transformer.blocks), start=1):
+        assert torch.allclose(a.attn.proj.weight * (2.0 * layer) ** 0.5, b.attn.proj.weight)
+        assert torch.allclose(a.mlp.fc2.weight * (2.0 * layer) ** 0.5, b.mlp.fc2.weight)
+        assert torch.equal(a.attn.qkv.weight, b.attn.qkv.weight)
+    # official training's init: every Linear trunc-normal(0.02), whatever its depth
+    stds = [float(block.mlp.fc2.weight.std()) for block in official.encoder.transformer.blocks]
+    assert all(0.015 < s < 0.021 for s in stds)
+
+
+def test_targets_average_the_last_blocks_each_layer_normed(monkeypatch):
+    torch.manual_seed(0)
+    model = IJEPA(**TINY_MODEL, target_last_blocks=2).eval()
+    batch = next(iter(random_loader(batch_size=2)))
+    captured = {}
+    original = torch.nn.functional.smooth_l1_loss
+
+    def spy(predictions, targets, *args, **kwargs):
+        captured["targets"] = targets
+        return original(predictions, targets, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "smooth_l1_loss", spy)
+    model.jepa_loss(batch)
+    transformer = model.target_encoder.transformer
+    indices = model.target_encoder.all_indices(2, batch["images"].device)
+    tokens = model.target_encoder.position.add_to_tokens(model.target_encoder.patch_embed(batch["images"]), indices)
+    first = transformer.norm(transformer.blocks[0](tokens))
+    second = transformer.norm(transformer.blocks[1](transformer.blocks[0](tokens)))
+    expected = (torch.nn.functional.layer_norm(first, (32,)) + torch.nn.functional.layer_norm(second, (32,))) / 2
+    flat = batch["target_indices"].flatten(1)
+    expected = torch.stack([expected[b, flat[b]] for b in range(2)]).view(captured["targets"].shape)
+    torch.testing.assert_close(captured["targets"], expected)
+    with pytest.raises(ValueError, match=r"target_last_blocks must be in \[1, 2\]"):
+        IJEPA(**TINY_MODEL, target_last_blocks=3)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"sigreg_weight": 1.5}, r"sigreg_weight must be in \[0, 1\]"),
+    ({"sigreg_input": "cls"}, "sigreg_input must be one of"),
+    ({"sigreg_tokens": 1}, "sigreg_tokens must be >= 2"),
+])
+def test_bad_regulariser_settings_name_the_parameter(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        IJEPA(**TINY_MODEL, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 
 def feature_std(features: torch.Tensor) -> torch.Tensor:
@@ -22,26 +22,83 @@ def rankme(features: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
 
 
 class CollapseMonitor(L.Callback):
-    """At each validation, log ``val/target_std`` and ``val/rankme`` of the mean-pooled target
-    features ``[B, D]`` that :meth:`IJEPA.validation_step` returns (gathered from every rank), and
-    warn when either falls below its threshold.
+    """Log ``val/target_std`` and ``val/rankme`` of the mean-pooled target features ``[B, D]`` at
+    the start of ``fit`` (step 0, the random-init reference, never warned about) and at each
+    validation, and warn on collapse.
+
+    Two kinds of collapse are watched: complete collapse (every image gets nearly the same
+    feature: ``val/target_std`` below ``std_threshold``) and dimensional collapse (the features
+    span only a few of the ``D`` dimensions: ``val/rankme`` below ``rankme_fraction * D``, or
+    below the absolute ``rankme_threshold``). At validation the features are those that
+    :meth:`IJEPA.validation_step` returns, gathered from every rank; at step 0 each rank encodes
+    the same held-out batches.
 
     Args:
         std_threshold: warn when ``val/target_std`` is below this.
-        rankme_threshold: warn when ``val/rankme`` is below this (RankMe is at most the width).
+        rankme_threshold: warn when ``val/rankme`` is below this absolute value.
+        rankme_fraction: warn when ``val/rankme`` is below this fraction of the encoder width
+            (RankMe is at most ``min(samples, D)``); 0 switches the relative check off.
         max_samples: features kept per rank (the SVD is over at most ``world_size * max_samples``).
+        at_start: also measure the random-init encoder when ``fit`` starts at step 0.
     """
 
-    def __init__(self, std_threshold: float = 0.01, rankme_threshold: float = 1.5, max_samples: int = 4096):
+    def __init__(self, std_threshold: float = 0.01, rankme_threshold: float = 1.5, rankme_fraction: float = 0.1,
+                 max_samples: int = 4096, at_start: bool = True):
         if std_threshold < 0 or rankme_threshold < 0:
             raise ValueError(f"thresholds must be >= 0, got std_threshold={std_threshold}, rankme_threshold={rankme_threshold}.")
+        if not 0.0 <= rankme_fraction <= 1.0:
+            raise ValueError(f"rankme_fraction must be in [0, 1], got {rankme_fraction}.")
         if max_samples < 2:
             raise ValueError(f"max_samples must be >= 2, got {max_samples}.")
         self.std_threshold = std_threshold
         self.rankme_threshold = rankme_threshold
+        self.rankme_fraction = rankme_fraction
         self.max_samples = max_samples
+        self.at_start = at_start
         self._features: list[torch.Tensor] = []
         self._count = 0
+
+    def rankme_floor(self, width: int) -> float:
+        """The RankMe below which a ``width``-dimensional feature set counts as collapsed."""
+        return max(self.rankme_threshold, self.rankme_fraction * width)
+
+    def check(self, features: torch.Tensor, step: int, warn: bool = True) -> tuple[float, float]:
+        """``val/target_std`` and ``val/rankme`` of ``features [N, D]``, warning below the thresholds."""
+        std, rank = float(feature_std(features)), float(rankme(features))
+        if not warn:
+            return std, rank
+        if std < self.std_threshold:
+            rank_zero_warn(f"Possible collapse at step {step}: val/target_std={std:.3g} < std_threshold={self.std_threshold}.")
+        floor = self.rankme_floor(features.size(1))
+        if rank < floor:
+            rank_zero_warn(
+                f"Possible collapse at step {step}: val/rankme={rank:.3g} < {floor:.3g} "
+                f"(rankme_threshold={self.rankme_threshold}, rankme_fraction={self.rankme_fraction} of the width "
+                f"{features.size(1)}): the features span only a few dimensions."
+            )
+        return std, rank
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if not self.at_start or trainer.global_step != 0 or trainer.datamodule is None:
+            return
+        features, count = [], 0
+        with torch.no_grad():
+            for batch in trainer.datamodule.val_dataloader():
+                images = batch["images"].to(pl_module.device)
+                times = pl_module.token_times(batch["frame_times"].to(pl_module.device)) if "frame_times" in batch else {}
+                pooled = pl_module.target_encoder(images, **times).mean(dim=1)[: self.max_samples - count]
+                features.append(pooled)
+                count += pooled.size(0)
+                if count >= self.max_samples:
+                    break
+        if not features:
+            return
+        # A reference, not a verdict: a random-init ViT's pooled features are themselves low-rank
+        # (about 10 of 128 dimensions for the quickstart), so no warning here.
+        std, rank = self.check(torch.cat(features), 0, warn=False)
+        for logger in trainer.loggers:  # self.log is not available outside the loops
+            logger.log_metrics({"val/target_std": std, "val/rankme": rank}, step=0)
+        rank_zero_info(f"Collapse monitor (random init, step 0): val/rankme = {rank:.2f}, val/target_std = {std:.4f}")
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self._features, self._count = [], 0
@@ -59,12 +116,9 @@ class CollapseMonitor(L.Callback):
         features = torch.cat(self._features)
         if trainer.world_size > 1:  # every rank computes the same numbers from all ranks' features
             features = pl_module.all_gather(features).flatten(0, 1)
-        std, rank = feature_std(features), rankme(features)
+        std, rank = self.check(features, trainer.global_step)
         pl_module.log("val/target_std", std)
         pl_module.log("val/rankme", rank)
-        step = trainer.global_step
-        if std < self.std_threshold:
-            rank_zero_warn(f"Possible collapse at step {step}: val/target_std={float(std):.3g} < std_threshold={self.std_threshold}.")
-        if rank < self.rankme_threshold:
-            rank_zero_warn(f"Possible collapse at step {step}: val/rankme={float(rank):.3g} < rankme_threshold={self.rankme_threshold}.")
+        if trainer.state.fn == "fit":
+            rank_zero_info(f"Collapse monitor (step {trainer.global_step}): val/rankme = {rank:.2f}, val/target_std = {std:.4f}")
         self._features = []

@@ -103,6 +103,9 @@ class IJEPADataModule(L.LightningDataModule):
         target_aspect_ratio: height/width range of a target block.
         context_scale: area range of the context block.
         min_keep: fewest context patches left after removing the targets.
+        context_policy: how a batch holds contexts of different lengths: ``pad`` (each image keeps
+            its whole context, padded to the batch's longest, with ``context_mask`` in the batch)
+            or ``thin`` (official I-JEPA: every context cut at random to the batch's shortest).
         knn_batch_size: batch size of the probes' feature extraction.
         holdout_fraction: share of each class held out for probing when a folder has no val split.
         shapes_train_size: generated training images (shapes).
@@ -121,6 +124,7 @@ class IJEPADataModule(L.LightningDataModule):
         clip_speed: range of the motion speed in pixels per frame (moving_shapes).
         clip_background: ``texture`` (the whole scene pans) or ``plain`` (moving_shapes).
         clip_num_objects: instances of the clip's shape, all moving together (moving_shapes).
+        clip_label: what a clip's class is: ``direction`` of motion or ``shape`` (moving_shapes).
         clip_fps: frames per second of the clips: moving_shapes' nominal rate (null: no
             timestamps, M-RoPE uses frame indices); videofolder's sampling rate (null: use
             ``frame_stride``). With a rate, batches carry ``frame_times [B, T]`` in seconds.
@@ -144,6 +148,7 @@ class IJEPADataModule(L.LightningDataModule):
         target_aspect_ratio: tuple[float, float] = (0.75, 1.5),
         context_scale: tuple[float, float] = (0.85, 1.0),
         min_keep: int = 4,
+        context_policy: str = "pad",
         knn_batch_size: int = 256,
         holdout_fraction: float = 0.2,
         shapes_train_size: int = 10_000,
@@ -160,6 +165,7 @@ class IJEPADataModule(L.LightningDataModule):
         clip_speed: tuple[float, float] = (1.0, 2.0),
         clip_background: str = "texture",
         clip_num_objects: int = 1,
+        clip_label: str = "direction",
         clip_fps: float | None = None,
         frame_stride: int = 1,
     ):
@@ -191,11 +197,12 @@ class IJEPADataModule(L.LightningDataModule):
                 raise ValueError(f"num_frames={num_frames} must be a positive multiple of tubelet_size={tubelet_size}.")
             self.mask_sampler = SpatioTemporalMaskSampler(
                 num_frames // tubelet_size, self.grid_size, num_target_blocks, target_scale, target_aspect_ratio,
-                temporal_scale, min_keep=min_keep,
+                temporal_scale, min_keep=min_keep, context_policy=context_policy,
             )
         else:
             self.mask_sampler = MultiBlockMaskSampler(
-                self.grid_size, num_target_blocks, target_scale, target_aspect_ratio, context_scale, min_keep=min_keep
+                self.grid_size, num_target_blocks, target_scale, target_aspect_ratio, context_scale, min_keep=min_keep,
+                context_policy=context_policy,
             )
         self.num_classes = 10
         self._splits: dict[str, Dataset] = {}
@@ -323,7 +330,7 @@ class IJEPADataModule(L.LightningDataModule):
             return MovingShapesClips(size, hp.num_frames, hp.image_size, split=split, seed=hp.seed,
                                      num_directions=hp.clip_directions, speed=tuple(hp.clip_speed),
                                      background=hp.clip_background, fps=hp.clip_fps,
-                                     num_objects=hp.clip_num_objects, transform=ClipToTensor())
+                                     num_objects=hp.clip_num_objects, label=hp.clip_label, transform=ClipToTensor())
 
         train_set = make("train", hp.shapes_train_size)
         val_set = make("val", hp.shapes_val_size)

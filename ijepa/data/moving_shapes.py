@@ -1,4 +1,4 @@
-"""Generated labelled clips whose class is the motion, not the appearance (issue 8, in progress).
+"""Generated labelled clips whose class is the motion (or, with ``label="shape"``, what moves).
 
 Each clip shows one shape (any of the ten image classes, random size, rotation and colour) moving
 at constant velocity on a torus: it leaves one edge and comes back at the opposite one. With
@@ -8,6 +8,11 @@ is a flat colour and only the patches the shape crosses move. The label is the d
 motion. Because of the wrap-around, the content of any single frame has the same distribution
 whatever the direction, so no single frame carries the label: a probe has to use time
 (``tests/test_video.py`` checks both halves of that claim on pixels).
+
+With ``label="shape"`` the class is the moving shape's kind (the ten image classes) and the
+motion a nuisance: a random-init encoder's tokens already carry the direction of a panning
+texture (its tubelet embedding is a temporal filter), but not the shape, so this label is the one
+on which pretraining can show (``docs/video.md``).
 
 Why the texture: a small model learns the motion of a dense texture within a few dozen
 supervised steps, but not that of one small shape on a flat background, where most tubelet
@@ -30,6 +35,7 @@ from ijepa.data.shapes import _MIN_CONTRAST, CLASSES, _index_seed, _render, _rgb
 
 DIRECTIONS: tuple[str, ...] = ("right", "down_right", "down", "down_left", "left", "up_left", "up", "up_right")
 BACKGROUNDS: tuple[str, ...] = ("texture", "plain")
+LABELS: tuple[str, ...] = ("direction", "shape")
 _TEXTURE_CUTOFF = 3.0 / 32  # Gaussian low-pass width of the texture, in cycles per pixel
 _TEXTURE_CONTRAST = 0.25  # standard deviation of the texture around the background colour
 
@@ -53,7 +59,7 @@ def translating_texture(noise: Tensor, velocity: tuple[float, float], num_frames
 
 
 class MovingShapesClips(Dataset):
-    """``num_samples`` clips of ``num_frames`` frames at ``image_size`` px; label = direction.
+    """``num_samples`` clips of ``num_frames`` frames at ``image_size`` px; label = direction (or shape).
 
     Args:
         num_samples: clips in the split.
@@ -69,12 +75,15 @@ class MovingShapesClips(Dataset):
             moving with the same velocity.
         fps: when set, the clips' nominal frame rate: items become ``(clip, label, frame_times)``
             with ``frame_times [T] = t / fps`` seconds (for M-RoPE's timestamps).
+        label: ``direction`` (the class is the motion) or ``shape`` (the class is the shape's
+            kind; directions are drawn at random).
         transform: applied to the ``uint8 [T, 3, H, W]`` clip.
     """
 
     def __init__(self, num_samples: int, num_frames: int = 8, image_size: int = 32, split: str = "train", seed: int = 0,
                  num_directions: int = 4, speed: tuple[float, float] = (1.0, 2.0), radius: tuple[float, float] = (0.12, 0.2),
-                 background: str = "texture", fps: float | None = None, num_objects: int = 1, transform=None):
+                 background: str = "texture", fps: float | None = None, num_objects: int = 1, label: str = "direction",
+                 transform=None):
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
         if num_frames < 2:
@@ -98,13 +107,20 @@ class MovingShapesClips(Dataset):
             raise ValueError(f"fps must be > 0 or None, got {fps}.")
         if isinstance(num_objects, bool) or not isinstance(num_objects, int) or num_objects < 1:
             raise ValueError(f"num_objects must be an int >= 1, got {num_objects!r}.")
-        self.background, self.fps, self.num_objects = background, fps, num_objects
+        if label not in LABELS:
+            raise ValueError(f"label must be one of {LABELS}, got {label!r}.")
+        self.background, self.fps, self.num_objects, self.label = background, fps, num_objects, label
         self.directions = DIRECTIONS[:: 8 // num_directions]
-        self.targets = [i % num_directions for i in range(num_samples)]
+        if label == "direction":
+            self.directions_of = [i % num_directions for i in range(num_samples)]
+            self.targets = self.directions_of
+        else:  # balanced shapes; the direction a function of the clip's seed
+            self.targets = [i % len(CLASSES) for i in range(num_samples)]
+            self.directions_of = [_index_seed(seed + 7919, split, i) % num_directions for i in range(num_samples)]
 
     @property
     def num_classes(self) -> int:
-        return self.num_directions
+        return self.num_directions if self.label == "direction" else len(CLASSES)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -114,7 +130,7 @@ class MovingShapesClips(Dataset):
         g = torch.Generator().manual_seed(_index_seed(self.seed, self.split, index))
         u = torch.rand(12, generator=g, dtype=torch.float64).tolist()
         size = self.image_size
-        angle = 2 * math.pi * self.targets[index] / self.num_directions  # 0 = right, clockwise in image coordinates
+        angle = 2 * math.pi * self.directions_of[index] / self.num_directions  # 0 = right, clockwise in image coordinates
         speed = self.speed[0] + (self.speed[1] - self.speed[0]) * u[0]
         radius = size * (self.radius[0] + (self.radius[1] - self.radius[0]) * u[1])
         theta = 2 * math.pi * u[2]
@@ -132,7 +148,8 @@ class MovingShapesClips(Dataset):
             objects.append(dict(x0=size * x, y0=size * y, radius=r, c=math.cos(2 * math.pi * a) / r,
                                 s=math.sin(2 * math.pi * a) / r,
                                 fg=colorsys.hsv_to_rgb(h, 0.65 + 0.35 * sat, 0.75 + 0.25 * val)))
-        return dict(shape=int(u[9] * len(CLASSES)) % len(CLASSES), objects=objects,
+        shape = self.targets[index] if self.label == "shape" else int(u[9] * len(CLASSES)) % len(CLASSES)
+        return dict(shape=shape, objects=objects,
                     vx=speed * math.cos(angle), vy=speed * math.sin(angle), bg=bg, noise=noise, texture=texture)
 
     def render(self, index: int) -> Tensor:

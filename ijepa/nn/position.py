@@ -404,7 +404,8 @@ class PositionalConvolution(PositionEncoding):
         check_indices(indices, self.num_positions, "indices")
         batch, _, dim = tokens.shape
         grid = tokens.new_zeros(batch, self.num_positions, dim)
-        grid.scatter_(1, indices.long()[..., None].expand(-1, -1, dim), tokens)
+        # Summing, not assigning: padding that repeats a real index (as zeros) then changes nothing.
+        grid.scatter_add_(1, indices.long()[..., None].expand(-1, -1, dim), tokens)
         return grid.transpose(1, 2).reshape(batch, dim, self.grid_height, self.grid_width)
 
     def after_block(self, block_index: int, tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,9 @@ class Predictor(nn.Module):
     context indices; one learned mask token per target index, plus that index's position, is
     appended; after the transformer the target tokens are projected back to the encoder width.
 
-    ``forward(context [B, Kc, D], context_indices [B, Kc], target_indices [B, M, Kt] or [B, Kt])``
-    returns ``[B, M, Kt, D]`` (or ``[B, Kt, D]``). ``grid_size`` is the side of an image grid, or
+    ``forward(context [B, Kc, D], context_indices [B, Kc], target_indices [B, M, Kt] or [B, Kt],
+    frame_times, context_mask [B, Kc] | None)`` returns ``[B, M, Kt, D]`` (or ``[B, Kt, D]``);
+    ``context_mask`` (True for real tokens) marks padding in the context, which no query sees. ``grid_size`` is the side of an image grid, or
     ``(T', H', W')`` for clips with a video position encoding (``sincos_3d``, ``learned_3d``,
     ``mrope``; M-RoPE also takes ``frame_times [B, T']``).
 
@@ -51,6 +52,7 @@ class Predictor(nn.Module):
         drop_path_rate: float = 0.0,
         pos_embed: str = "sincos",
         mode: str = "per_block",
+        rescale_residuals: bool = True,
         **video_pos_options,
     ):
         super().__init__()
@@ -83,7 +85,8 @@ class Predictor(nn.Module):
             )
         if hasattr(position, "reset_parameters"):
             position.reset_parameters()
-        rescale_residual_branches(self.transformer.blocks)
+        if rescale_residuals:
+            rescale_residual_branches(self.transformer.blocks)
 
     @property
     def position(self) -> PositionEncoding:
@@ -92,7 +95,7 @@ class Predictor(nn.Module):
 
     def forward(
         self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor,
-        frame_times: torch.Tensor | None = None,
+        frame_times: torch.Tensor | None = None, context_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if context.dim() != 3 or context.size(-1) != self.embed_dim:
             raise ValueError(f"context must have shape [B, Kc, {self.embed_dim}], got {tuple(context.shape)}.")
@@ -115,7 +118,7 @@ class Predictor(nn.Module):
 
         if self.mode == "one_pass":
             flat_targets = target_indices.view(batch, num_blocks * num_targets)
-            prediction = self._one_pass(context, context_indices, flat_targets, num_blocks, frame_times)
+            prediction = self._one_pass(context, context_indices, flat_targets, num_blocks, frame_times, context_mask)
             prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
             return prediction.squeeze(1) if single_block else prediction
 
@@ -129,24 +132,36 @@ class Predictor(nn.Module):
         indices = torch.cat([context_indices, target_indices], dim=1)
         if frame_times is not None:
             frame_times = frame_times.repeat_interleave(num_blocks, dim=0)  # one row per sequence
-        tokens = self.transformer(tokens, indices, frame_times=frame_times)
+        token_mask = None
+        if context_mask is not None:
+            token_mask = torch.cat([context_mask.repeat_interleave(num_blocks, dim=0),
+                                    context_mask.new_ones(batch * num_blocks, num_targets)], dim=1)
+        tokens = self.transformer(tokens, indices, frame_times=frame_times, token_mask=token_mask)
         prediction = self.output_proj(tokens[:, -num_targets:])  # [B*M, Kt, D]
         prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
         return prediction.squeeze(1) if single_block else prediction
 
     def _one_pass(
         self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor, num_blocks: int,
-        frame_times: torch.Tensor | None = None,
+        frame_times: torch.Tensor | None = None, context_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``[B, Kc, D]``, ``[B, Kc]``, ``[B, M*Kt]`` -> predictions ``[B, M*Kt, D]``."""
+        """``[B, Kc, D]``, ``[B, Kc]``, ``[B, M*Kt]`` -> predictions ``[B, M*Kt, D]``; with a
+        ``context_mask`` the block structure becomes an explicit boolean mask (no mask-free path)."""
         batch, num_context = context_indices.shape
         x = self.position.add_to_tokens(self.input_proj(context), context_indices)
         queries = self.mask_token.expand(batch, target_indices.size(1), -1).to(x.dtype)
         queries = self.position.add_to_tokens(queries, target_indices)
         tokens = torch.cat([x, queries], dim=1)
         indices = torch.cat([context_indices, target_indices], dim=1)
-        layout = BlockLayout(num_context, num_blocks, target_indices.size(1) // num_blocks)
-        tokens = self.transformer(tokens, indices, attn_mask=layout, frame_times=frame_times)
+        num_targets = target_indices.size(1) // num_blocks
+        if context_mask is None:
+            layout = BlockLayout(num_context, num_blocks, num_targets)
+            tokens = self.transformer(tokens, indices, attn_mask=layout, frame_times=frame_times)
+        else:
+            structure = block_attention_mask(num_context, num_blocks, num_targets, tokens.device)
+            token_mask = torch.cat([context_mask, context_mask.new_ones(batch, target_indices.size(1))], dim=1)
+            tokens = self.transformer(tokens, indices, attn_mask=structure, frame_times=frame_times,
+                                      token_mask=token_mask)
         return self.output_proj(tokens[:, num_context:])
 
 

@@ -218,12 +218,14 @@ class VideoVisionTransformer(nn.Module):
     ``forward(clips [B, C, T, H, W], patch_indices [B, K] | None, frame_times [B, T'] | None)
     -> [B, K, D]``; with no indices it encodes all ``T' H' W'`` tokens in row-major order.
     ``frame_times`` (seconds, one per temporal token) reach ``mrope``; the others ignore them.
+    ``token_mask [B, K]`` (True for real tokens) marks padding among the indices.
     The blocks are the image encoder's :class:`ijepa.nn.vit.Transformer`, unchanged.
     """
 
     def __init__(self, num_frames: int = 16, image_size: int = 64, tubelet_size: int = 2, patch_size: int = 8,
                  in_channels: int = 3, embed_dim: int = 192, depth: int = 12, num_heads: int = 3,
-                 mlp_ratio: float = 4.0, drop_path_rate: float = 0.0, pos_embed: str = "sincos_3d", **pos_options):
+                 mlp_ratio: float = 4.0, drop_path_rate: float = 0.0, pos_embed: str = "sincos_3d",
+                 rescale_residuals: bool = True, **pos_options):
         super().__init__()
         from ijepa.nn.vit import Transformer, init_vit_weights, rescale_residual_branches
 
@@ -236,7 +238,8 @@ class VideoVisionTransformer(nn.Module):
         self.apply(init_vit_weights)
         if hasattr(position, "reset_parameters"):
             position.reset_parameters()
-        rescale_residual_branches(self.transformer.blocks)
+        if rescale_residuals:
+            rescale_residual_branches(self.transformer.blocks)
 
     @property
     def position(self) -> VideoPositionEncoding:
@@ -250,7 +253,7 @@ class VideoVisionTransformer(nn.Module):
         return pooled_block_features(self, clips, last_blocks, frame_times)
 
     def forward(self, clips: torch.Tensor, patch_indices: torch.Tensor | None = None,
-                frame_times: torch.Tensor | None = None) -> torch.Tensor:
+                frame_times: torch.Tensor | None = None, token_mask: torch.Tensor | None = None) -> torch.Tensor:
         tokens = self.patch_embed(clips)  # [B, N, D]
         if patch_indices is None:
             patch_indices = torch.arange(self.num_patches, device=clips.device).expand(clips.size(0), -1)
@@ -258,4 +261,4 @@ class VideoVisionTransformer(nn.Module):
             check_indices(patch_indices, self.num_patches, "patch_indices")
             tokens = gather_patches(tokens, patch_indices)
         tokens = self.position.add_to_tokens(tokens, patch_indices)
-        return self.transformer(tokens, patch_indices, frame_times=frame_times)
+        return self.transformer(tokens, patch_indices, frame_times=frame_times, token_mask=token_mask)

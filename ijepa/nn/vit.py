@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
-from ijepa.nn.attention import Attention
+from ijepa.nn.attention import Attention, BlockLayout
 from ijepa.nn.checks import check_indices, check_positive
 from ijepa.nn.patch import PatchEmbed, gather_patches
 from ijepa.nn.position import AttentionPositions, PositionEncoding, build_position_embedding
@@ -62,9 +62,11 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """A stack of blocks plus final LayerNorm that lets a position encoding act at every stage.
 
-    ``forward(tokens [B, K, D], indices [B, K], attn_mask) -> [B, K, D]``; ``attn_mask`` as in
-    :class:`ijepa.nn.attention.Attention` (None, boolean ``[K, K]`` or a ``BlockLayout``).
-    Shared by encoder and predictor.
+    ``forward(tokens [B, K, D], indices [B, K], attn_mask, frame_times, token_mask) -> [B, K, D]``;
+    ``attn_mask`` as in :class:`ijepa.nn.attention.Attention` (None, boolean ``[K, K]`` or a
+    ``BlockLayout``); ``token_mask [B, K]`` (True for real tokens) makes padding tokens invisible
+    as keys and zero before a position encoding's ``after_block``, so real tokens' outputs do
+    not depend on the padding. Shared by encoder and predictor.
     """
 
     def __init__(
@@ -87,11 +89,12 @@ class Transformer(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=1e-6)
 
     def forward(self, tokens: torch.Tensor, indices: torch.Tensor, attn_mask=None,
-                frame_times: torch.Tensor | None = None) -> torch.Tensor:
-        return self.last_block_outputs(tokens, indices, 1, attn_mask, frame_times)[0]
+                frame_times: torch.Tensor | None = None, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.last_block_outputs(tokens, indices, 1, attn_mask, frame_times, token_mask)[0]
 
     def last_block_outputs(self, tokens: torch.Tensor, indices: torch.Tensor, count: int, attn_mask=None,
-                           frame_times: torch.Tensor | None = None) -> list[torch.Tensor]:
+                           frame_times: torch.Tensor | None = None,
+                           token_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
         """The outputs of the last ``count`` blocks, each through the final norm: ``count`` x
         ``[B, K, D]``, the last being ``forward``'s. ``frame_times [B, T']`` reach encodings that
         take them (M-RoPE) and are ignored by the others."""
@@ -99,9 +102,21 @@ class Transformer(nn.Module):
             raise ValueError(f"count must be in 1..{len(self.blocks)} (the depth), got {count}.")
         times = {"frame_times": frame_times} if frame_times is not None and self.position.takes_frame_times else {}
         positions = self.position.attention_positions(indices, **times)
+        keep = None
+        if token_mask is not None:
+            if token_mask.shape != tokens.shape[:2]:
+                raise ValueError(f"token_mask must have shape [B, K] = {tuple(tokens.shape[:2])}, got {tuple(token_mask.shape)}.")
+            if isinstance(attn_mask, BlockLayout):
+                raise ValueError("token_mask cannot be combined with a BlockLayout; pass the boolean mask instead.")
+            keys = token_mask[:, None, None, :]  # [B, 1, 1, K]: no query attends to padding
+            attn_mask = keys if attn_mask is None else attn_mask & keys
+            keep = token_mask[..., None].to(tokens.dtype)
         outputs = []
         for i, block in enumerate(self.blocks):
-            tokens = self.position.after_block(i, block(tokens, positions, attn_mask), indices)
+            tokens = block(tokens, positions, attn_mask)
+            if keep is not None:  # e.g. PEG scatters tokens to the grid: padding must add nothing
+                tokens = tokens * keep
+            tokens = self.position.after_block(i, tokens, indices)
             if i >= len(self.blocks) - count:
                 outputs.append(self.norm(tokens))
         return outputs
@@ -129,9 +144,14 @@ def rescale_residual_branches(blocks: nn.ModuleList) -> None:
 class VisionTransformer(nn.Module):
     """ViT encoder that runs only on the given patches.
 
-    ``forward(images [B, C, H, W], patch_indices [B, K] | None) -> [B, K, D]``; with no indices
-    it encodes all ``N = (H / P)^2`` patches in row-major order. Online and target encoders are
-    two instances of this class.
+    ``forward(images [B, C, H, W], patch_indices [B, K] | None, token_mask [B, K] | None) -> [B, K, D]``;
+    with no indices it encodes all ``N = (H / P)^2`` patches in row-major order; ``token_mask``
+    (True for real tokens) marks padding among the indices. Online and target encoders are two
+    instances of this class.
+
+    ``rescale_residuals``: divide each block's output projections by ``sqrt(2 * layer)`` after
+    the init (the I-JEPA ViT's constructor does; the official training script then redraws every
+    Linear, so official runs start without it).
     """
 
     def __init__(
@@ -146,6 +166,7 @@ class VisionTransformer(nn.Module):
         qkv_bias: bool = True,
         drop_path_rate: float = 0.0,
         pos_embed: str = "sincos",
+        rescale_residuals: bool = True,
     ):
         super().__init__()
         self.patch_embed = PatchEmbed(image_size, patch_size, in_channels, embed_dim)
@@ -157,7 +178,8 @@ class VisionTransformer(nn.Module):
         self.apply(init_vit_weights)
         if hasattr(position, "reset_parameters"):
             position.reset_parameters()
-        rescale_residual_branches(self.transformer.blocks)
+        if rescale_residuals:
+            rescale_residual_branches(self.transformer.blocks)
 
     @property
     def position(self) -> PositionEncoding:
@@ -168,7 +190,8 @@ class VisionTransformer(nn.Module):
         """Every patch index, ``[batch_size, N]``."""
         return torch.arange(self.num_patches, device=device).expand(batch_size, -1)
 
-    def forward(self, images: torch.Tensor, patch_indices: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, patch_indices: torch.Tensor | None = None,
+                token_mask: torch.Tensor | None = None) -> torch.Tensor:
         tokens = self.patch_embed(images)  # [B, N, D]
         if patch_indices is None:
             patch_indices = self.all_indices(images.size(0), images.device)
@@ -180,7 +203,7 @@ class VisionTransformer(nn.Module):
                 )
             tokens = gather_patches(tokens, patch_indices)
         tokens = self.position.add_to_tokens(tokens, patch_indices)
-        return self.transformer(tokens, patch_indices)
+        return self.transformer(tokens, patch_indices, token_mask=token_mask)
 
     def pooled_features(self, images: torch.Tensor, last_blocks: int = 1) -> torch.Tensor:
         """Mean over all patches of the last ``last_blocks`` blocks' normed outputs, concatenated:
@@ -188,12 +211,19 @@ class VisionTransformer(nn.Module):
         return pooled_block_features(self, images, last_blocks)
 
 
-def pooled_block_features(encoder: nn.Module, inputs: torch.Tensor, last_blocks: int = 1,
-                          frame_times: torch.Tensor | None = None) -> torch.Tensor:
+def block_token_outputs(encoder: nn.Module, inputs: torch.Tensor, last_blocks: int = 1,
+                        frame_times: torch.Tensor | None = None) -> list[torch.Tensor]:
     """For an image or clip encoder (``patch_embed``, ``position``, ``transformer``) on all its
-    tokens: the last ``last_blocks`` blocks' normed outputs, each mean-pooled, concatenated,
-    ``[B, last_blocks * D]``."""
+    tokens: the last ``last_blocks`` blocks' normed outputs, ``last_blocks`` x ``[B, N, D]``
+    (oldest block first)."""
     indices = torch.arange(encoder.num_patches, device=inputs.device).expand(inputs.size(0), -1)
     tokens = encoder.position.add_to_tokens(encoder.patch_embed(inputs), indices)
-    outputs = encoder.transformer.last_block_outputs(tokens, indices, last_blocks, frame_times=frame_times)
+    return encoder.transformer.last_block_outputs(tokens, indices, last_blocks, frame_times=frame_times)
+
+
+def pooled_block_features(encoder: nn.Module, inputs: torch.Tensor, last_blocks: int = 1,
+                          frame_times: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`block_token_outputs`, each mean-pooled over the tokens, concatenated:
+    ``[B, last_blocks * D]``."""
+    outputs = block_token_outputs(encoder, inputs, last_blocks, frame_times)
     return torch.cat([output.mean(dim=1) for output in outputs], dim=-1)

@@ -1,0 +1,115 @@
+"""SIGReg: the statistic, its gradient, its directions, and its global-batch value under DDP."""
+
+import math
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ijepa.regularizers import SIGReg, epps_pulley_terms, random_directions
+
+
+def test_sigreg_is_near_its_gaussian_expectation_for_gaussian_samples_at_any_batch_size():
+    # E[N |phi_N(t) - phi(t)|^2] = 1 - exp(-t^2), integrated against exp(-t^2/2) over [-3, 3]
+    t = torch.linspace(-3, 3, 20001)
+    expected = float(torch.trapezoid((1 - torch.exp(-t**2)) * torch.exp(-t**2 / 2), t))
+    sigreg = SIGReg(num_slices=512)
+    for n in (256, 4096):
+        values = [float(sigreg(torch.randn(n, 64), seed=s)) for s in range(4)]
+        assert sum(values) / len(values) == pytest.approx(expected, rel=0.15)
+
+
+def test_sigreg_is_large_for_collapsed_low_rank_and_shrunk_samples():
+    sigreg = SIGReg()
+    gaussian = float(sigreg(torch.randn(1024, 64)))
+    collapsed = float(sigreg(torch.ones(1024, 64) * 0.3))
+    low_rank = float(sigreg(torch.randn(1024, 2) @ torch.randn(2, 64) / math.sqrt(2)))
+    shrunk = float(sigreg(0.1 * torch.randn(1024, 64)))
+    for value in (collapsed, low_rank, shrunk):
+        assert value > 20 * gaussian
+
+
+def test_sigreg_grows_with_the_sample_count_when_not_gaussian():
+    sigreg = SIGReg()
+    low_rank = torch.randn(4096, 1) @ torch.randn(1, 32)
+    assert float(sigreg(low_rank)) > 3 * float(sigreg(low_rank[:1024]))
+
+
+def test_gradient_steps_push_a_collapsed_batch_apart():
+    torch.manual_seed(0)
+    x = (torch.randn(512, 1) @ torch.randn(1, 32) * 0.1 + 0.01 * torch.randn(512, 32)).requires_grad_(True)
+    sigreg = SIGReg(num_slices=128)
+    optimizer = torch.optim.Adam([x], lr=0.05)
+    start_value = float(sigreg(x.detach(), seed=0))
+    start = torch.linalg.svdvals(x.detach())
+    assert start[-1] / start[0] < 0.05  # nearly rank 1
+    for step in range(200):
+        optimizer.zero_grad()
+        sigreg(x, seed=step).backward()
+        optimizer.step()
+    assert float(sigreg(x, seed=999)) < start_value / 20
+    singular = torch.linalg.svdvals(x.detach())
+    assert singular[-1] / singular[0] > 0.2  # every direction filled
+
+
+def test_directions_are_unit_vectors_fixed_by_the_seed():
+    a = random_directions(16, 8, seed=3)
+    assert a.shape == (16, 8)
+    assert torch.allclose(a.norm(dim=0), torch.ones(8))
+    assert torch.equal(a, random_directions(16, 8, seed=3))
+    assert not torch.equal(a, random_directions(16, 8, seed=4))
+
+
+def test_characteristic_function_sums_match_the_definition():
+    x = torch.randn(10, 3)
+    t = torch.tensor([0.0, 0.5, 2.0])
+    cos_sum, sin_sum = epps_pulley_terms(x, t)
+    ecf = torch.exp(1j * x[..., None] * t).sum(0)
+    assert torch.allclose(cos_sum, ecf.real, atol=1e-5) and torch.allclose(sin_sum, ecf.imag, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [{"num_slices": 0}, {"num_points": 1}, {"t_max": 0.0}])
+def test_bad_settings_name_the_parameter(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SIGReg(**kwargs)
+
+
+def test_bad_input_shape_is_an_error():
+    with pytest.raises(ValueError, match="embeddings"):
+        SIGReg()(torch.randn(4, 5, 6))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_worker(rank: int, world: int, port: int, x: torch.Tensor, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    share = x.chunk(world)[rank].clone().requires_grad_(True)
+    value = SIGReg(num_slices=64)(share, seed=7)
+    # DDP averages parameter gradients over ranks: do the same for the (per-sample) input gradient
+    (value / world).backward()
+    out[rank] = (value.detach(), share.grad.clone())
+    dist.destroy_process_group()
+
+
+def test_two_ranks_compute_the_global_batch_statistic_and_its_gradient():
+    x = torch.randn(96, 16) @ torch.randn(16, 16) * 0.5
+    whole = x.clone().requires_grad_(True)
+    value = SIGReg(num_slices=64)(whole, seed=7)
+    value.backward()
+    manager = mp.Manager()
+    out = manager.dict()
+    mp.spawn(_rank_worker, args=(2, _free_port(), x, out), nprocs=2, join=True)
+    for rank in range(2):
+        rank_value, rank_grad = out[rank]
+        assert torch.allclose(rank_value, value.detach(), rtol=1e-5)  # every rank: the global statistic
+        # a sample's gradient on its rank equals its gradient in the one-process run
+        assert torch.allclose(rank_grad, whole.grad.chunk(2)[rank], rtol=1e-4, atol=1e-7)
