@@ -19,7 +19,7 @@ from ijepa.regularizers import SIGReg
 from ijepa.schedules import cosine_schedule, warmup_cosine_schedule
 
 LOSSES = ("smooth_l1", "mse")
-SIGREG_INPUTS = ("tokens", "pooled")
+SIGREG_INPUTS = ("tokens", "pooled", "both")
 
 
 class IJEPA(L.LightningModule):
@@ -67,7 +67,8 @@ class IJEPA(L.LightningModule):
         sigreg_weight: weight ``w`` of LeJEPA's SIGReg (:class:`ijepa.regularizers.SIGReg`) in
             ``(1 - w) * jepa + w * sigreg``; 0 switches it off.
         sigreg_input: what SIGReg sees: ``tokens`` (a random sample of ``sigreg_tokens`` context
-            tokens of the batch) or ``pooled`` (each image's mean context token).
+            tokens of the batch), ``pooled`` (each image's mean context token), or ``both`` (the
+            mean of the two statistics).
         sigreg_tokens: context tokens per step that SIGReg sees with ``sigreg_input=tokens``.
         sigreg_slices: random 1-D projections SIGReg draws per step.
         rescale_residuals: divide each block's residual output projections by ``sqrt(2 * layer)``
@@ -261,7 +262,11 @@ class IJEPA(L.LightningModule):
             loss = F.smooth_l1_loss(predictions.float(), targets.float())
         if self.sigreg is not None:
             weight = self.hparams.sigreg_weight
-            sigreg = self.sigreg(self.sigreg_inputs(context, context_mask), seed=self.global_step)
+            if self.hparams.sigreg_input == "both":
+                sigreg = (self.sigreg(self.sigreg_inputs(context, context_mask, "tokens"), seed=self.global_step)
+                          + self.sigreg(self.sigreg_inputs(context, context_mask, "pooled"), seed=self.global_step)) / 2
+            else:
+                sigreg = self.sigreg(self.sigreg_inputs(context, context_mask), seed=self.global_step)
             if self._trainer is not None:
                 stage = "train" if self.training else ("test" if self.trainer.testing else "val")
                 self.log(f"{stage}/jepa_loss", loss.detach(), sync_dist=stage != "train")
@@ -269,11 +274,13 @@ class IJEPA(L.LightningModule):
             loss = (1 - weight) * loss + weight * sigreg
         return loss, target_features
 
-    def sigreg_inputs(self, context: torch.Tensor, context_mask: torch.Tensor | None) -> torch.Tensor:
-        """What SIGReg sees of the context encoder's output ``[B, Kc, D]``: ``[n, D]`` real tokens
-        drawn at random (seeded by the global step and the rank, so resume is exact), or each
-        image's mean real token ``[B, D]``."""
-        if self.hparams.sigreg_input == "pooled":
+    def sigreg_inputs(self, context: torch.Tensor, context_mask: torch.Tensor | None, kind: str | None = None) -> torch.Tensor:
+        """What SIGReg sees of the context encoder's output ``[B, Kc, D]``: for ``kind="tokens"``
+        ``[n, D]`` real tokens drawn at random (seeded by the global step and the rank, so resume
+        is exact), for ``"pooled"`` each image's mean real token ``[B, D]`` (default: the
+        ``sigreg_input`` setting)."""
+        kind = kind or self.hparams.sigreg_input
+        if kind == "pooled":
             if context_mask is None:
                 return context.mean(1)
             weights = context_mask.to(context.dtype)[..., None]

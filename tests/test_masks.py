@@ -170,7 +170,7 @@ def test_bad_settings_raise(kwargs, match):
 
 
 def test_collator_builds_masked_batch():
-    collate = MaskCollator(MultiBlockMaskSampler(4, min_keep=1))
+    collate = MaskCollator(MultiBlockMaskSampler(4, min_keep=1, context_policy="pad"))
     samples = [(torch.randn(3, 32, 32), i) for i in range(5)]
     batch = collate(samples)
     assert batch["images"].shape == (5, 3, 32, 32)

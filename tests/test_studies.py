@@ -64,3 +64,56 @@ def test_position_table_leaves_out_unfinished_runs(tmp_path, capsys):
     write_run(tmp_path, "pos_peg_s1", [0.3] * 5, [(0, 0.10), (299, 0.15)])  # still running
     rows = position_table([str(tmp_path)])
     assert len(rows["peg"]) == 1
+
+
+def write_learning_run(root, name, knn, linear, rankme, wall_s):
+    import json
+
+    writer = SummaryWriter(str(root / name / "lightning_logs" / "version_0"))
+    for tag, values in (("val/knn_top1", knn), ("val/linear_top1", linear), ("val/rankme", rankme)):
+        for step, value in values:
+            writer.add_scalar(tag, value, step)
+    writer.close()
+    (root / name / "wall_time.json").write_text(json.dumps({"wall_s": wall_s}))
+
+
+def test_learning_table_reports_every_step_the_gain_and_its_worst_seed(tmp_path):
+    from ijepa.studies.learning import table
+
+    write_learning_run(tmp_path, "plain_s0", [(0, 0.10), (299, 0.14), (599, 0.16)], [(0, 0.10), (299, 0.18), (599, 0.20)],
+                       [(0, 10.0), (299, 5.0), (599, 4.0)], 100.0)
+    write_learning_run(tmp_path, "plain_s1", [(0, 0.12), (299, 0.16), (599, 0.16)], [(0, 0.12), (299, 0.20), (599, 0.18)],
+                       [(0, 10.0), (299, 5.0), (599, 6.0)], 120.0)
+    (tmp_path / "+pad_s0").mkdir()  # a run without its wall time is unfinished: left out
+    out = table(tmp_path)
+    # k-NN means 11 / 15 / 16; gains 6 and 4 -> 5.0 ± 1.0, worst 4.0; linear gains 10 and 6; rankme 4 and 6
+    assert "| plain | 2 | 11.0 / 15.0 / 16.0 | 5.0 ± 1.0 (4.0) | 11.0 / 19.0 / 19.0 | 8.0 ± 2.0 (6.0) | 5.0 ± 1.0 | 110 |" in out
+    assert "+pad" not in out
+
+
+def test_learning_commands_undo_every_lever_for_plain():
+    from pathlib import Path
+
+    from ijepa.studies.learning import PLAIN, VARIANTS, run_command
+
+    command = run_command("plain", 2, Path("runs"), "shapes", "configs/quickstart.yaml", None)
+    assert command[:3] == ["ijepa", "fit", "--config=configs/quickstart.yaml"]
+    assert f"--config={PLAIN}" in command and "--seed_everything=2" in command
+    assert all(VARIANTS[v][0] == f"--config={PLAIN}" for v in VARIANTS)  # each lever alone, on plain
+    digits = run_command("plain", 0, Path("runs"), "digits", "configs/quickstart.yaml", Path("/data/digits"))
+    assert "--data.root=/data/digits" in digits and "--data.dataset=imagefolder" in digits
+
+
+def test_mask_coverage_study_matches_the_placements_it_compares():
+    import torch
+
+    from ijepa.studies.mask_coverage import context_sizes, row_coverage
+
+    ours = row_coverage("ours", 8, 200, 64, 4)
+    official = row_coverage("official", 8, 200, 64, 4)
+    clamped = row_coverage("clamped", 8, 200, 64, 4)
+    assert float(official[-1].max()) == 0.0 and float(official[:, -1].max()) == 0.0  # never the last row/column
+    assert torch.allclose(ours.mean(1), ours.mean(1).flip(0), atol=0.03)  # symmetric
+    assert ours[3:5].mean() > ours[0].mean() and clamped[0].mean() > ours[0].mean()
+    sizes = context_sizes(8, 20, 32)
+    assert sizes["thin_mean"] < sizes["pad_mean"] and 0 < sizes["discarded"] < 1

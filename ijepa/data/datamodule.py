@@ -103,9 +103,9 @@ class IJEPADataModule(L.LightningDataModule):
         target_aspect_ratio: height/width range of a target block.
         context_scale: area range of the context block.
         min_keep: fewest context patches left after removing the targets.
-        context_policy: how a batch holds contexts of different lengths: ``pad`` (each image keeps
-            its whole context, padded to the batch's longest, with ``context_mask`` in the batch)
-            or ``thin`` (official I-JEPA: every context cut at random to the batch's shortest).
+        context_policy: how a batch holds contexts of different lengths: ``thin`` (official I-JEPA:
+            every context cut at random to the batch's shortest) or ``pad`` (each image keeps its
+            whole context, padded to the batch's longest, with ``context_mask`` in the batch).
         knn_batch_size: batch size of the probes' feature extraction.
         holdout_fraction: share of each class held out for probing when a folder has no val split.
         shapes_train_size: generated training images (shapes).
@@ -148,7 +148,7 @@ class IJEPADataModule(L.LightningDataModule):
         target_aspect_ratio: tuple[float, float] = (0.75, 1.5),
         context_scale: tuple[float, float] = (0.85, 1.0),
         min_keep: int = 4,
-        context_policy: str = "pad",
+        context_policy: str = "thin",
         knn_batch_size: int = 256,
         holdout_fraction: float = 0.2,
         shapes_train_size: int = 10_000,
