@@ -121,3 +121,21 @@ def test_test_and_predict_from_checkpoint(fitted_run):
     labels = torch.cat([p["labels"] for p in predictions])
     assert features.shape == (100, 32) and labels.shape == (100,)
     assert torch.isfinite(features).all()
+
+
+def test_sigreg_keeps_the_features_from_collapsing_dimensionally(tmp_path):
+    """The same tiny run with and without SIGReg: plain I-JEPA's pooled target features lose
+    dimensions as the loss falls; with SIGReg their RankMe ends higher (docs/training.md shows the
+    quickstart's 600-step version of this)."""
+    final = {}
+    for name, extra in (("plain", []), ("sigreg", ["--model.sigreg_weight=0.05", "--model.sigreg_tokens=256"])):
+        cwd = tmp_path / name
+        cwd.mkdir()
+        run_cli("fit", "--config", str(CONFIG), "--trainer.max_steps=80", *extra, cwd=cwd)
+        version = cwd / "lightning_logs" / "version_0"
+        rank = scalars(version, "val/rankme")
+        assert rank[0][0] == 0  # the random-init reference, logged at step 0
+        final[name] = rank[-1][1]
+        if name == "sigreg":
+            assert scalars(version, "train/sigreg") and scalars(version, "train/jepa_loss")
+    assert final["sigreg"] > 1.5 * final["plain"], final

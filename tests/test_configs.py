@@ -61,3 +61,17 @@ def test_ablation_overlays_build_on_the_quickstart(overlay, tmp_path):
 
     assert type(cli.model.encoder.position) is POSITION_EMBEDDINGS[name]
     assert cli.datamodule.hparams.dataset == "shapes"
+
+
+def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path):
+    root = Path(__file__).parents[1] / "configs"
+    args = ["--config", str(root / "quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"]
+    recipe = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
+    plain = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args + ["--config", str(root / "ablations" / "plain_ijepa.yaml")])
+    assert recipe.model.hparams.sigreg_weight > 0 and recipe.model.sigreg is not None
+    assert plain.model.hparams.sigreg_weight == 0 and plain.model.sigreg is None
+    assert plain.model.hparams.target_last_blocks == 1 and plain.model.hparams.rescale_residuals
+    assert plain.datamodule.hparams.context_policy == "thin"
+    # nothing else differs: the ablation's rows are each this plain recipe plus one lever
+    differ = {k for k in recipe.model.hparams if recipe.model.hparams[k] != plain.model.hparams[k]}
+    assert differ == {"sigreg_weight"}
