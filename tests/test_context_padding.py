@@ -11,7 +11,7 @@ from ijepa.nn.position import POSITION_EMBEDDINGS
 
 
 def padded_batch(batch_size=6, grid=4, seed=0):
-    sampler = MultiBlockMaskSampler(grid, num_target_blocks=3, target_scale=(0.1, 0.15), min_keep=2)
+    sampler = MultiBlockMaskSampler(grid, num_target_blocks=3, target_scale=(0.1, 0.15), min_keep=2, context_policy="pad")
     generator = torch.Generator().manual_seed(seed)
     for _ in range(50):  # a batch whose contexts differ in length
         context, targets = sampler(batch_size, generator)
