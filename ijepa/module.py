@@ -248,10 +248,13 @@ class IJEPA(L.LightningModule):
         times = self.token_times(batch.get("frame_times"))
         with index_checks(self.hparams.debug_checks):
             with torch.no_grad():
-                blocks = block_token_outputs(self.target_encoder, images, self.hparams.target_last_blocks, **times)
-                target_features = blocks[-1]
-                normed = torch.stack([F.layer_norm(b, b.shape[-1:]) for b in blocks]).mean(0) if len(blocks) > 1 \
-                    else F.layer_norm(target_features, target_features.shape[-1:])
+                if self.hparams.target_last_blocks == 1:  # the encoder's own forward (compiled with model.compile)
+                    target_features = self.target_encoder(images, **times)
+                    normed = F.layer_norm(target_features, target_features.shape[-1:])
+                else:
+                    blocks = block_token_outputs(self.target_encoder, images, self.hparams.target_last_blocks, **times)
+                    target_features = blocks[-1]
+                    normed = torch.stack([F.layer_norm(b, b.shape[-1:]) for b in blocks]).mean(0)
                 targets = gather_patches(normed, target_indices.flatten(1))
                 targets = targets.view(batch_size, num_blocks, num_targets, -1)
             context = self.encoder(images, context_indices, token_mask=context_mask, **times)
