@@ -265,11 +265,9 @@ class IJEPA(L.LightningModule):
             loss = F.smooth_l1_loss(predictions.float(), targets.float())
         if self.sigreg is not None:
             weight = self.hparams.sigreg_weight
-            if self.hparams.sigreg_input == "both":
-                sigreg = (self.sigreg(self.sigreg_inputs(context, context_mask, "tokens"), seed=self.global_step)
-                          + self.sigreg(self.sigreg_inputs(context, context_mask, "pooled"), seed=self.global_step)) / 2
-            else:
-                sigreg = self.sigreg(self.sigreg_inputs(context, context_mask), seed=self.global_step)
+            kinds = ("tokens", "pooled") if self.hparams.sigreg_input == "both" else (self.hparams.sigreg_input,)
+            sigreg = sum(self.sigreg(self.sigreg_inputs(context, context_mask, kind), seed=self.global_step)
+                         for kind in kinds) / len(kinds)
             if self._trainer is not None:
                 stage = "train" if self.training else ("test" if self.trainer.testing else "val")
                 self.log(f"{stage}/jepa_loss", loss.detach(), sync_dist=stage != "train")
