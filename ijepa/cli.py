@@ -5,12 +5,17 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 import torch
+import yaml
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.module import IJEPA
 
@@ -26,11 +31,40 @@ class IJEPACLI(LightningCLI):
         # Clips: the frame count belongs to the data, the tubelet depth to the model.
         parser.link_arguments("data.num_frames", "model.num_frames")
         parser.link_arguments("model.tubelet_size", "data.tubelet_size")
+        # Always on, configurable under these keys: checkpoint folder checked before any work,
+        # a checkpoint on SIGTERM (ijepa.callbacks.checkpoint_safety).
+        parser.add_lightning_class_args(CheckpointFolderCheck, "checkpoint_folder")
+        parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
+
+    def parse_arguments(self, parser, args) -> None:
+        # Kept to tell, on resume, which model values the run sets itself (see _parse_ckpt_path).
+        if args is None:
+            self._raw_args = sys.argv[1:]
+        else:  # a dict or Namespace of arguments names no flags
+            self._raw_args = list(args) if isinstance(args, (list, tuple)) else []
+        super().parse_arguments(parser, args)
+
+    def _explicit_model_keys(self, subcommand: str) -> set[str]:
+        """Model arguments this run sets: named by a ``--model.<key>`` flag, in the ``model:``
+        section of a ``--config`` file, or different from the parser's default (any other source)."""
+        config = self.config[subcommand]
+        defaults = self._subcommand_parsers[subcommand].get_defaults().model
+        keys = {key for key, value in config.model.items() if defaults.get(key) != value}
+        for arg in self._raw_args:
+            if arg.startswith("--model."):
+                keys.add(arg[len("--model."):].split("=")[0])
+        for path in config.get("config") or []:
+            with open(getattr(path, "absolute", path)) as f:
+                keys |= set((yaml.safe_load(f) or {}).get("model") or {})
+        return keys
 
     def _parse_ckpt_path(self) -> None:
-        # LightningCLI fills the model's arguments from the checkpoint's hyperparameters. Keep
-        # that for the architecture, but let the run choose the resolution (image and patch
-        # size): the model adapts the checkpoint to it on load (IJEPA.on_load_checkpoint).
+        # LightningCLI replaces every model argument by the checkpoint's hyperparameters. Here the
+        # checkpoint supplies only what the run does not set itself: explicit flags and config
+        # values win (learning rate, schedules, losses: anything that may change between runs),
+        # and an explicit architecture value that disagrees with the checkpoint is an error.
+        # The resolution (image and patch size) is always the run's: the model adapts the
+        # checkpoint to it on load (IJEPA.on_load_checkpoint).
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry"):  # Lightning resolves these itself
@@ -49,11 +83,34 @@ class IJEPACLI(LightningCLI):
         hparams = {k: v for k, v in hparams.items() if k not in ("image_size", "patch_size", "_instantiator")}
         if not hparams:
             return
+        current = self.config[subcommand].model
+        explicit = self._explicit_model_keys(subcommand)
+        differs = [key for key in hparams if key in explicit and _differ(current.get(key), hparams[key])]
+        conflicts = [key for key in IJEPA.ARCHITECTURE if key in differs]
+        if conflicts:
+            listed = ", ".join(f"model.{key}={current.get(key)} (checkpoint: {hparams[key]})" for key in conflicts)
+            raise ValueError(
+                f"ckpt_path={ckpt_path!r} holds another architecture than this run asks for: {listed}. Drop these "
+                f"settings to use the checkpoint's, or start a new run without ckpt_path."
+            )
+        if differs:
+            rank_zero_info("Resuming from ckpt_path with this run's own " + ", ".join(
+                f"model.{key}={current.get(key)} (checkpoint: {hparams[key]})" for key in differs))
+        stored = {key: value for key, value in hparams.items() if key not in explicit}
         try:
-            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+            self.config = self.parser.parse_object({subcommand: {"model": stored}}, self.config)
         except SystemExit:
             sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
             raise
+
+
+def _differ(run_value, stored_value) -> bool:
+    # Checkpoints store tuples as lists (weights_only loads); compare by value.
+    if isinstance(run_value, tuple):
+        run_value = list(run_value)
+    if isinstance(stored_value, tuple):
+        stored_value = list(stored_value)
+    return run_value != stored_value
 
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> IJEPACLI:
@@ -80,8 +137,13 @@ def instantiate(config: str, overrides: list[str] | None = None):
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the ``ijepa`` console script and ``python -m ijepa``."""
-    build_cli(args)
+    """Entry point of the ``ijepa`` console script and ``python -m ijepa``. A run stopped by
+    SIGTERM exits with status 143 (128 + SIGTERM) after saving a checkpoint, so schedulers see a
+    failure and requeue (Lightning would exit 0)."""
+    try:
+        build_cli(args)
+    except SIGTERMException:
+        sys.exit(128 + signal.SIGTERM)
 
 
 if __name__ == "__main__":

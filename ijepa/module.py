@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import lightning as L
 import torch
@@ -93,6 +94,11 @@ class IJEPA(L.LightningModule):
         debug_checks: run the host-syncing index range checks inside every step (off: the
             indices come from the mask sampler and the collator checks them on the CPU).
     """
+
+    # Arguments that fix the parameters' shapes or meaning: a resumed run cannot change them
+    # (the CLI reports a conflict); every other argument may differ from the checkpoint's.
+    ARCHITECTURE = ("in_channels", "embed_dim", "depth", "num_heads", "mlp_ratio", "pos_embed", "predictor_embed_dim",
+                    "predictor_depth", "predictor_num_heads", "predictor_pos_embed", "predictor_mode", "tubelet_size")
 
     def __init__(
         self,
@@ -292,18 +298,28 @@ class IJEPA(L.LightningModule):
         chosen = torch.randperm(tokens.size(0), generator=generator)[:count].to(tokens.device)
         return tokens[chosen]
 
+    def last_good_checkpoint(self) -> str:
+        """The newest checkpoint on disk written by this run's checkpoint callbacks (every one is
+        finite: :meth:`on_save_checkpoint` refuses the others), or ``"none written yet"``."""
+        callbacks = self.trainer.checkpoint_callbacks if self._trainer is not None else []
+        paths = [getattr(c, name, "") for c in callbacks for name in ("last_model_path", "best_model_path")]
+        written = [path for path in paths if path and os.path.isfile(path)]
+        # max keeps the first of equal times: last.ckpt before the top-k copy of the same step
+        return max(written, key=os.path.getmtime) if written else "none written yet"
+
+    def _diverged(self, what: str) -> FloatingPointError:
+        return FloatingPointError(
+            f"{what} at step {self.global_step} (epoch {self.current_epoch}); stopping without saving. "
+            f"Last good checkpoint: {self.last_good_checkpoint()}. "
+            "Lower model.lr, raise model.warmup_steps, or use precision 32-true / bf16-mixed."
+        )
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self.jepa_loss(batch)
         if not torch.isfinite(loss):
             # Stop before the optimizer step and before any checkpoint is written, so the last
             # good checkpoint stays the last one on disk.
-            callback = self.trainer.checkpoint_callback
-            last_good = (callback.last_model_path or callback.best_model_path) if callback else ""
-            raise FloatingPointError(
-                f"non-finite train/loss ({loss.item()}) at step {self.global_step} (epoch {self.current_epoch}, "
-                f"batch {batch_idx}); stopping without saving. Last good checkpoint: {last_good or 'none written yet'}. "
-                "Lower model.lr, raise model.warmup_steps, or use precision 32-true / bf16-mixed."
-            )
+            raise self._diverged(f"non-finite train/loss ({loss.item()})")
         optimizer = self.optimizers(use_pl_optimizer=False)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", optimizer.param_groups[0]["lr"])
@@ -374,6 +390,18 @@ class IJEPA(L.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self.lr_at(step) / base_lr)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # A finite loss can still give an update that overflows (inf or NaN gradients): check the
+        # weights themselves, before the EMA copies them and before a checkpoint can be written.
+        # One fused norm a step; its sync costs what the loss check above already costs.
+        params = [p for p in self.parameters() if p.requires_grad]
+        total = torch.nn.utils.get_total_norm(params)
+        if not torch.isfinite(total):
+            bad = sum(not torch.isfinite(p).all() for p in params)
+            raise self._diverged(f"non-finite weights after the optimizer step ({bad} of {len(params)} trainable tensors "
+                                 f"hold inf or NaN; total norm {total.item()})")
+
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         weight_decay = self.weight_decay_at(self.global_step)
         for group in self.optimizers(use_pl_optimizer=False).param_groups:
@@ -382,6 +410,15 @@ class IJEPA(L.LightningModule):
 
     # --- checkpoints at another resolution ---------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Never write non-finite weights: ModelCheckpoint deletes the previous file after a save,
+        # so a NaN state written once would replace the last finite one.
+        bad = [name for name, value in checkpoint["state_dict"].items()
+               if value.is_floating_point() and not torch.isfinite(value).all()]
+        if bad:
+            raise FloatingPointError(
+                f"refusing to write a checkpoint with non-finite weights at step {self.global_step} ({len(bad)} tensors: "
+                f"{', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}). Last good checkpoint: {self.last_good_checkpoint()}."
+            )
         checkpoint["resolution"] = {"image_size": self.hparams.image_size, "patch_size": self.hparams.patch_size}
         if self.hparams.num_frames:
             checkpoint["resolution"].update(num_frames=self.hparams.num_frames, tubelet_size=self.hparams.tubelet_size)
@@ -458,6 +495,14 @@ class IJEPA(L.LightningModule):
                     state[index][moment] = value.clamp_min(0) if moment == "exp_avg_sq" else value
 
     def on_train_start(self) -> None:
+        if self.trainer.ckpt_path:
+            # LambdaLR restored its base lr from the checkpoint; a resumed run may have a new
+            # model.lr, so rebase it and set this step's lr by the scheduler's own formula.
+            for config in self.trainer.lr_scheduler_configs:
+                scheduler = config.scheduler
+                scheduler.base_lrs = [self.hparams.lr if self.hparams.lr > 0 else 1.0] * len(scheduler.base_lrs)
+                for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+                    group["lr"] = base * factor(scheduler.last_epoch)
         if not any(isinstance(cb, EMATargetUpdate) for cb in self.trainer.callbacks):
             rank_zero_warn(
                 "No EMATargetUpdate callback: the target encoder will stay at its initial weights. "

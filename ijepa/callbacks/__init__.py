@@ -1,6 +1,7 @@
 """Callbacks, each switchable in a config's ``trainer.callbacks``."""
 
 from ijepa.callbacks.attentive import AttentivePooler, AttentiveProbe, train_attentive_classifier
+from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
 from ijepa.callbacks.collapse import CollapseMonitor, feature_std, rankme
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
 from ijepa.callbacks.jepa_images import JEPAImages, mask_overlay, position_loss_map
@@ -12,6 +13,7 @@ from ijepa.callbacks.resolution import PositionEmbeddingInterpolation
 __all__ = [
     "AttentivePooler",
     "AttentiveProbe",
+    "CheckpointFolderCheck",
     "CollapseMonitor",
     "EMATargetUpdate",
     "JEPAImages",
@@ -19,6 +21,7 @@ __all__ = [
     "LinearProbe",
     "PositionEmbeddingInterpolation",
     "PositionSimilarityImages",
+    "PreemptionCheckpoint",
     "ema_update_",
     "extract_features",
     "feature_std",

@@ -63,7 +63,7 @@ class AttentiveProbe(LinearProbe):
     split and report top-1 on the held-out split as ``val/attentive_top1``
     (``test/attentive_top1``). It runs when ``LinearProbe`` does: at step 0 (the random-init
     baseline), every ``every_n_epochs``-th validation, at the end of ``fit``, in ``validate`` /
-    ``test``.
+    ``test``; like it, it skips with one warning on unlabelled data (``num_classes`` below 2).
 
     Token features of the whole bank are held in memory, ``N x K x D`` floats (1,920 clips x 32
     tokens x 96 in the video quickstart; 5,000 STL-10 images x 144 x 384 is 1.1 GB).

@@ -8,7 +8,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -88,7 +88,32 @@ def extract_features(
     return features[keep], labels[keep]
 
 
-class KNNProbe(Callback):
+class Probe(Callback):
+    """Base of the probes, which need labelled data: :meth:`skipped` tells a probe to stand down
+    when the datamodule has fewer than two classes (``num_classes`` 0 or 1: unlabelled data)."""
+
+    _skip_warned = False  # set on an instance once it has decided to skip
+
+    def skipped(self, trainer: L.Trainer) -> bool:
+        """True when the data is unlabelled; the first time, the first probe of the run warns
+        once for all of them."""
+        num_classes = getattr(trainer.datamodule, "num_classes", 2)
+        if num_classes >= 2:
+            return False
+        if not self._skip_warned:
+            self._skip_warned = True
+            probes = [callback for callback in trainer.callbacks if isinstance(callback, Probe)]
+            if probes and probes[0] is self:
+                names = ", ".join(type(probe).__name__ for probe in probes)
+                rank_zero_warn(
+                    f"{names} skipped: the data is unlabelled (num_classes={num_classes}; a probe needs at least two "
+                    f"classes). For probe metrics give data.root one sub-folder per class, or point data.probe_root at "
+                    f"a labelled folder (class sub-folders) that only the probes use."
+                )
+        return True
+
+
+class KNNProbe(Probe):
     """Score mean-pooled encoder features with a cosine-weighted k-NN classifier.
 
     The bank is the labeled train split (``datamodule.knn_train_dataloader()``), the queries the
@@ -96,6 +121,7 @@ class KNNProbe(Callback):
     enter. Runs once when ``fit`` starts (the random-init baseline, logged at step 0), at every
     ``every_n_epochs``-th validation, at the end of ``fit`` if the last step was not probed, and in
     ``validate`` / ``test``. Logs ``val/knn_top1`` (``test/knn_top1``), a fraction in [0, 1].
+    On unlabelled data (``num_classes`` below 2) it logs nothing and warns once (:class:`Probe`).
     """
 
     def __init__(
@@ -143,6 +169,8 @@ class KNNProbe(Callback):
 
     def _probe_and_log_direct(self, trainer: L.Trainer, pl_module: L.LightningModule, when: str) -> None:
         # Outside the validation loop self.log is not available, so write to the loggers directly.
+        if self.skipped(trainer):
+            return
         top1 = self.evaluate(trainer, pl_module)
         self._last_probed_step = trainer.global_step
         for logger in trainer.loggers:
@@ -154,7 +182,7 @@ class KNNProbe(Callback):
             self._probe_and_log_direct(trainer, pl_module, "random init")
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or self.skipped(trainer):
             return
         in_fit = trainer.state.fn == "fit"
         if in_fit and (trainer.current_epoch + 1) % self.every_n_epochs != 0:
@@ -166,7 +194,8 @@ class KNNProbe(Callback):
             rank_zero_info(f"k-NN probe (step {trainer.global_step}): val/knn_top1 = {top1:.4f}")
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.log("test/knn_top1", self.evaluate(trainer, pl_module))
+        if not self.skipped(trainer):
+            pl_module.log("test/knn_top1", self.evaluate(trainer, pl_module))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._last_probed_step != trainer.global_step:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics.classification import MulticlassAccuracy
 
-from ijepa.callbacks.knn import extract_features
+from ijepa.callbacks.knn import Probe, extract_features
 
 
 def train_linear_classifier(
@@ -48,7 +47,7 @@ def _fit(features: torch.Tensor, labels: torch.Tensor, num_classes: int, weight_
     return linear
 
 
-class LinearProbe(Callback):
+class LinearProbe(Probe):
     """Train a linear classifier on frozen, mean-pooled features of the labelled train split and
     report top-1 on the held-out split as ``val/linear_top1`` (``test/linear_top1``).
 
@@ -56,7 +55,8 @@ class LinearProbe(Callback):
     :class:`KNNProbe`), the classifier is fitted in memory on the module's device. Like
     :class:`KNNProbe` it runs once when ``fit`` starts (the random-init baseline, logged at step
     0), at every ``every_n_epochs``-th validation of ``fit``, at the end of ``fit`` if the last
-    step was not probed, and in ``validate`` / ``test``.
+    step was not probed, and in ``validate`` / ``test``. On unlabelled data (``num_classes``
+    below 2) it logs nothing and warns once (:class:`ijepa.callbacks.knn.Probe`).
 
     Args:
         every_n_epochs: probe at every this many validations during ``fit``.
@@ -120,7 +120,7 @@ class LinearProbe(Callback):
         return float(accuracy(logits, test_y))
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or self.skipped(trainer):
             return
         in_fit = trainer.state.fn == "fit"
         if in_fit and (trainer.current_epoch + 1) % self.every_n_epochs != 0:
@@ -133,6 +133,8 @@ class LinearProbe(Callback):
 
     def _probe_and_log_direct(self, trainer: L.Trainer, pl_module: L.LightningModule, when: str) -> None:
         # Outside the validation loop self.log is not available, so write to the loggers directly.
+        if self.skipped(trainer):
+            return
         top1 = self.evaluate(trainer, pl_module)
         self._last_probed_step = trainer.global_step
         for logger in trainer.loggers:
@@ -148,4 +150,5 @@ class LinearProbe(Callback):
             self._probe_and_log_direct(trainer, pl_module, "end of training")
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.log(f"test/{self.metric}", self.evaluate(trainer, pl_module))
+        if not self.skipped(trainer):
+            pl_module.log(f"test/{self.metric}", self.evaluate(trainer, pl_module))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -67,10 +68,20 @@ class IJEPADataModule(L.LightningDataModule):
     * ``stl10``: pretrain on ``train+unlabeled`` (105k images); k-NN bank ``train``, queries
       ``test``. Expects ``root/stl10_binary``; ``download=true`` fetches it (2.6 GB).
     * ``imagefolder``: ``root`` with class subfolders. If ``root/train`` and ``root/val`` (or
-      ``root/test``) exist they are the two splits; otherwise (``root`` or ``root/train`` alone) a
-      deterministic, class-balanced ``holdout_fraction`` of the images is held out for probing
-      and not pretrained on. Unreadable files raise an error naming them, or with
-      ``bad_images="skip"`` are skipped with a warning.
+      ``root/test``) exist they are the two splits, both numbered by the training split's classes
+      (a val class missing from ``train/`` is an error naming it); otherwise (``root`` or
+      ``root/train`` alone) a deterministic, class-balanced ``holdout_fraction`` of the images is
+      held out for probing and not pretrained on. Unreadable files raise an error naming them, or
+      with ``bad_images="skip"`` are skipped with a warning. Every PIL image mode is read as
+      8-bit RGB (16-bit rescaled, alpha composited over white: :func:`ijepa.data.imagefolder.to_rgb`).
+
+      Unlabelled folders: images directly in the folder (no class subfolders, ``num_classes``
+      0, labels -1) or a single class subfolder (``num_classes`` 1) have nothing to probe, so
+      nothing is held out: every image is pretrained on. Without a ``val/`` folder, ``val/loss``
+      (and the collapse monitor) then reuse a deterministic, evenly spread ``holdout_fraction``
+      of the training images under the evaluation transform: a training loss without
+      augmentation, not a held-out one. The probes skip with a warning, unless ``probe_root``
+      names a labelled folder for them.
     * ``shapes``: generated labelled shapes (:mod:`ijepa.data.shapes`), fully offline.
     * ``moving_shapes``: generated labelled clips whose class is the direction of motion
       (:mod:`ijepa.data.moving_shapes`); batches hold clips ``[B, 3, T, H, W]`` under
@@ -80,6 +91,16 @@ class IJEPADataModule(L.LightningDataModule):
       are sampled at ``clip_fps`` frames per second, or every ``frame_stride``-th frame; training
       clips start at random with a random resized crop shared by their frames, evaluation clips
       are centred. Batches carry ``frame_times [B, T]`` (seconds). Needs ``num_frames > 0``.
+      Loose videos (no class subfolders) are unlabelled, as for ``imagefolder``.
+
+    ``probe_root`` (any dataset): a labelled folder, laid out as an ``imagefolder`` (a
+    ``videofolder`` for the clip datasets), whose splits replace ``knn_train`` / ``knn_test``
+    and set ``num_classes``: the probes score it while ``root`` is pretrained on (e.g. an
+    unlabelled ``root``).
+
+    ``num_classes`` is set by ``setup``; below 2 the data is unlabelled and the probes skip.
+    ``setup("fit")`` checks that ``batch_size`` fits in each device's share of ``pretrain``
+    (its loader drops the last incomplete batch, so a larger batch would train nothing).
 
     Loaders: ``train_dataloader`` / ``val_dataloader`` / ``test_dataloader`` yield masked batches
     (see :class:`ijepa.masks.MaskCollator`); ``knn_train_dataloader`` / ``knn_test_dataloader`` /
@@ -107,7 +128,10 @@ class IJEPADataModule(L.LightningDataModule):
             every context cut at random to the batch's shortest) or ``pad`` (each image keeps its
             whole context, padded to the batch's longest, with ``context_mask`` in the batch).
         knn_batch_size: batch size of the probes' feature extraction.
-        holdout_fraction: share of each class held out for probing when a folder has no val split.
+        holdout_fraction: share of each class held out for probing when a folder has no val split
+            (unlabelled folders: the share of the training images that val/loss reuses).
+        probe_root: labelled folder for the probes only (class subfolders, with train/ and val/
+            or a held-out share); null: the probes use ``root``'s splits.
         shapes_train_size: generated training images (shapes).
         shapes_val_size: generated held-out images (shapes).
         shapes_background: plain, noisy or busy (shapes).
@@ -151,6 +175,7 @@ class IJEPADataModule(L.LightningDataModule):
         context_policy: str = "thin",
         knn_batch_size: int = 256,
         holdout_fraction: float = 0.2,
+        probe_root: str | None = None,
         shapes_train_size: int = 10_000,
         shapes_val_size: int = 2_000,
         shapes_background: str = "plain",
@@ -233,12 +258,39 @@ class IJEPADataModule(L.LightningDataModule):
             STL10(self.hparams.root, split="train+unlabeled", download=True)
 
     def setup(self, stage: str | None = None) -> None:
-        if self._splits:
-            return
-        self.mask_sampler.check()
-        builder = {"stl10": self._stl10, "imagefolder": self._imagefolder, "shapes": self._shapes,
-                   "moving_shapes": self._moving_shapes, "videofolder": self._videofolder}
-        self._splits = builder[self.hparams.dataset]()
+        if not self._splits:
+            self.mask_sampler.check()
+            builder = {"stl10": self._stl10, "imagefolder": self._imagefolder, "shapes": self._shapes,
+                       "moving_shapes": self._moving_shapes, "videofolder": self._videofolder}
+            self._splits = builder[self.hparams.dataset]()
+            if self.hparams.probe_root is not None:
+                self._probe_splits()
+        if stage == "fit":
+            self._check_batch_size()
+
+    def _probe_splits(self) -> None:
+        # The probes' splits (and classes) from data.probe_root; root's splits stay as they are.
+        kind, make = ("video", self._video) if self.hparams.num_frames else ("image", self._image)
+        root = Path(self.hparams.probe_root)
+        splits, num_classes = self._folder_splits(kind, make, root, "data.probe_root")
+        if num_classes < 2:
+            raise ValueError(f"data.probe_root={str(root)!r} must hold labelled {kind}s for the probes: at least two "
+                             f"class sub-folders, got {num_classes}.")
+        self._splits.update(knn_train=splits["knn_train"], knn_test=splits["knn_test"])
+        self.num_classes = num_classes
+
+    def _check_batch_size(self) -> None:
+        # The training loader drops the last incomplete batch (uniform mask shapes), so a batch
+        # larger than a device's share of the data would silently train nothing.
+        world = self.trainer.world_size if self.trainer is not None else 1
+        size = len(self.split("pretrain"))
+        per_device = math.ceil(size / world)  # EpochSampler pads the shares to equal length
+        if self.hparams.batch_size > per_device:
+            raise ValueError(
+                f"data.batch_size={self.hparams.batch_size} is larger than the {per_device} training "
+                f"{'clips' if self.hparams.num_frames else 'images'} per device ({size} in the pretrain split over "
+                f"{world} device(s)), so no batch would be trained: use data.batch_size in 1..{per_device}, or more data."
+            )
 
     def _stl10(self) -> dict[str, Dataset]:
         root = Path(self.hparams.root)
@@ -266,41 +318,54 @@ class IJEPADataModule(L.LightningDataModule):
         }
 
     def _imagefolder(self) -> dict[str, Dataset]:
-        train, evaluate = self.train_transform(), self.eval_transform()
-        return self._folder_splits("image", lambda path, training: self._folder(path, train if training else evaluate))
+        splits, self.num_classes = self._folder_splits("image", self._image, Path(self.hparams.root), "data.root")
+        return splits
 
-    def _folder_splits(self, kind: str, make: Callable[[Path, bool], Dataset]) -> dict[str, Dataset]:
-        """The four splits of a class-folder dataset (images or videos); ``make(path, training)``
-        builds one dataset with a ``classes`` list and ``targets``. With ``root/train`` and
-        ``root/val`` (or ``root/test``) those are the splits; otherwise (``root`` or
+    def _image(self, path: Path, training: bool, class_to_idx: dict[str, int] | None) -> RobustImageFolder:
+        transform = self.train_transform() if training else self.eval_transform()
+        return RobustImageFolder(str(path), transform=transform, bad_images=self.hparams.bad_images,
+                                 class_to_idx=class_to_idx)
+
+    def _folder_splits(self, kind: str, make: Callable[[Path, bool, dict | None], Dataset], root: Path, option: str
+                       ) -> tuple[dict[str, Dataset], int]:
+        """The four splits of a class-folder dataset (images or videos) under ``root`` (set by the
+        option named ``option``) and its number of classes. ``make(path, training, class_to_idx)``
+        builds one dataset with ``classes``, ``class_to_idx`` and ``targets``, numbering its classes
+        by ``class_to_idx`` when given. With ``root/train`` and ``root/val`` (or ``root/test``)
+        those are the splits, both numbered by train's classes; otherwise (``root`` or
         ``root/train`` alone) a deterministic, class-balanced ``holdout_fraction`` is held out for
-        probing and not pretrained on."""
-        root = Path(self.hparams.root)
+        probing and not pretrained on, unless the folder is unlabelled (fewer than two classes):
+        then every item is pretrained on and ``val`` reuses an evenly spread
+        ``holdout_fraction`` of them."""
         if not root.is_dir():
-            raise FileNotFoundError(f"{kind} folder not found: data.root={str(root)!r} is not a directory.")
+            raise FileNotFoundError(f"{kind} folder not found: {option}={str(root)!r} is not a directory.")
         held_out = next((root / name for name in ("val", "test") if (root / name).is_dir()), None)
         has_train = (root / "train").is_dir()
         if held_out is not None and not has_train:
-            raise ValueError(f"data.root={str(root)!r} has {held_out.name}/ but no train/ folder beside it.")
-        if has_train and held_out is not None:
-            splits = {"pretrain": make(root / "train", True), "val": make(held_out, False),
-                      "knn_train": make(root / "train", False), "knn_test": make(held_out, False)}
-            self.num_classes = len(splits["knn_train"].classes)
-            return splits
+            raise ValueError(f"{option}={str(root)!r} has {held_out.name}/ but no train/ folder beside it.")
         folder = root / "train" if has_train else root
-        pretrain_set, eval_set = make(folder, True), make(folder, False)
+        pretrain_set = make(folder, True, None)
+        eval_set = make(folder, False, pretrain_set.class_to_idx)
+        num_classes = len(pretrain_set.classes)
+        if held_out is not None:
+            # One class index for both splits (train's), so a class has one label everywhere; an
+            # unlabelled train/ has no index to share, and nothing probes the held-out labels.
+            held_set = make(held_out, False, pretrain_set.class_to_idx if num_classes >= 2 else None)
+            return {"pretrain": pretrain_set, "val": held_set, "knn_train": eval_set, "knn_test": held_set}, num_classes
+        if num_classes < 2:
+            # Nothing to probe, so nothing to hold out: pretrain on everything; val/loss reuses
+            # an evenly spread share of the training items (at least one).
+            val_idx = holdout_split([0] * len(eval_set), self.hparams.holdout_fraction)[1] or [0]
+            val_set = Subset(eval_set, val_idx)
+            return {"pretrain": pretrain_set, "val": val_set, "knn_train": eval_set, "knn_test": val_set}, num_classes
         train_idx, test_idx = holdout_split(pretrain_set.targets, self.hparams.holdout_fraction)
         if not test_idx or not train_idx:
             raise ValueError(
-                f"data.root={str(root)!r} has too few {kind}s to hold out "
+                f"{option}={str(root)!r} has too few {kind}s to hold out "
                 f"holdout_fraction={self.hparams.holdout_fraction} of each class for probing."
             )
-        self.num_classes = len(pretrain_set.classes)
         return {"pretrain": Subset(pretrain_set, train_idx), "val": Subset(eval_set, test_idx),
-                "knn_train": Subset(eval_set, train_idx), "knn_test": Subset(eval_set, test_idx)}
-
-    def _folder(self, path, transform: v2.Transform) -> RobustImageFolder:
-        return RobustImageFolder(str(path), transform=transform, bad_images=self.hparams.bad_images)
+                "knn_train": Subset(eval_set, train_idx), "knn_test": Subset(eval_set, test_idx)}, num_classes
 
     def _shapes(self) -> dict[str, Dataset]:
         from ijepa.data.shapes import ShapesDataset
@@ -338,16 +403,16 @@ class IJEPADataModule(L.LightningDataModule):
         return {"pretrain": train_set, "val": val_set, "knn_train": train_set, "knn_test": val_set}
 
     def _videofolder(self) -> dict[str, Dataset]:
+        splits, self.num_classes = self._folder_splits("video", self._video, Path(self.hparams.root), "data.root")
+        return splits
+
+    def _video(self, path: Path, training: bool, class_to_idx: dict[str, int] | None) -> Dataset:
         from ijepa.data.video_folder import VideoFolderClips
 
         hp = self.hparams
-
-        def make(path: Path, training: bool) -> VideoFolderClips:
-            return VideoFolderClips(path, hp.num_frames, hp.image_size, fps=hp.clip_fps, frame_stride=hp.frame_stride,
-                                    start="random" if training else "center", crop_scale=hp.crop_scale if training else None,
-                                    transform=ClipToTensor())
-
-        return self._folder_splits("video", make)
+        return VideoFolderClips(path, hp.num_frames, hp.image_size, fps=hp.clip_fps, frame_stride=hp.frame_stride,
+                                start="random" if training else "center", crop_scale=hp.crop_scale if training else None,
+                                transform=ClipToTensor(), class_to_idx=class_to_idx)
 
     def split(self, name: str) -> Dataset:
         """One of the datasets ``pretrain``, ``val``, ``knn_train``, ``knn_test``."""

@@ -1,14 +1,56 @@
-"""An ``ImageFolder`` that reports unreadable files clearly instead of crashing in a worker."""
+"""An ``ImageFolder`` that reports unreadable files clearly instead of crashing in a worker, reads
+every image mode PIL opens as 8-bit RGB, numbers its classes by another split's index when told
+to, and also reads a folder of loose (unlabelled) images."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, UnidentifiedImageError
 from torchvision import datasets
 
 BAD_IMAGE_POLICIES = ("error", "skip")
+UNLABELLED = -1  # the label of an image with no class folder (as STL-10's unlabeled split)
+# Modes PIL's own convert("RGB") maps correctly (no alpha, 8 bits per channel).
+PLAIN_MODES = ("1", "L", "RGB", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
+# Modes that carry (or, for palettes, may carry) an alpha channel.
+ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA", "P")
+# Single-channel modes of more than 8 bits, which convert("RGB") clips at 255.
+HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def find_classes(directory: str | Path, class_to_idx: dict[str, int] | None = None) -> tuple[list[str], dict[str, int]]:
+    """The class sub-folders of ``directory`` and their indices ``(classes, class_to_idx)``.
+
+    Without ``class_to_idx``: the sub-folders in sorted order, numbered 0, 1, ... (torchvision's
+    rule), or ``([], {})`` when there are none (a folder of loose, unlabelled files). With
+    ``class_to_idx`` (the training split's index): that index, so that every split numbers a class
+    alike; a sub-folder that it lacks raises ``ValueError`` naming it.
+    """
+    try:
+        classes, own_index = datasets.folder.find_classes(directory)
+    except FileNotFoundError:
+        if not Path(directory).is_dir():
+            raise
+        classes, own_index = [], {}  # no class sub-folders: loose files
+    if class_to_idx is None:
+        return classes, own_index
+    if class_to_idx and not classes:
+        raise ValueError(
+            f"{directory} has no class folders but the training split has the classes {sorted(class_to_idx)}: "
+            f"put its images in sub-folders named like train/'s, so that they are labelled alike."
+        )
+    unknown = sorted(set(classes) - set(class_to_idx))
+    if unknown:
+        raise ValueError(
+            f"class folder(s) {unknown} under {directory} are not among the training split's classes "
+            f"{sorted(class_to_idx)}: every class of val/ (or test/) needs a folder of the same name under train/, "
+            f"so that both splits number it alike. Add the folder(s) to train/ or remove them from {directory}."
+        )
+    return sorted(class_to_idx, key=class_to_idx.get), dict(class_to_idx)
 
 
 class RobustImageFolder(datasets.ImageFolder):
@@ -18,22 +60,51 @@ class RobustImageFolder(datasets.ImageFolder):
     warns once per file, counts it in ``skipped`` (per process), and returns the next readable
     image instead, so a batch never comes up short. An empty folder raises ``FileNotFoundError``
     naming ``data.root``.
+
+    ``class_to_idx`` numbers the classes by another split's index (see :func:`find_classes`): a
+    held-out split built with the training split's index labels a class as training does, even
+    when it lacks some of the training classes. A folder with no class sub-folders holds loose,
+    unlabelled images: ``classes`` is empty and every label is ``-1``. Images are read by
+    :func:`load_rgb`, which maps every PIL mode to 8-bit RGB.
     """
 
-    def __init__(self, root: str, transform=None, bad_images: str = "error"):
+    def __init__(self, root: str, transform=None, bad_images: str = "error", class_to_idx: dict[str, int] | None = None):
         if bad_images not in BAD_IMAGE_POLICIES:
             raise ValueError(f"bad_images must be one of {BAD_IMAGE_POLICIES}, got {bad_images!r}.")
+        self._given_class_to_idx = class_to_idx  # read by find_classes, which ImageFolder.__init__ calls
         try:
-            super().__init__(root, transform=transform, loader=_load_rgb)
-        except FileNotFoundError as error:  # no class folders, or class folders without images
+            # allow_empty: a split numbered by the training index may lack some training classes.
+            super().__init__(root, transform=transform, loader=load_rgb, allow_empty=class_to_idx is not None)
+        except FileNotFoundError as error:  # no images at all, or class folders without images
             raise FileNotFoundError(
-                f"no images under data.root={root!r}: expected one sub-folder per class holding image files "
-                f"({', '.join(sorted(datasets.folder.IMG_EXTENSIONS))}); torchvision said: {error}"
+                f"no images under data.root={root!r}: expected image files "
+                f"({', '.join(sorted(datasets.folder.IMG_EXTENSIONS))}), in one sub-folder per class or "
+                f"directly in the folder (unlabelled); torchvision said: {error}"
             ) from error
         self.bad_images = bad_images
         self.skipped: set[str] = set()
 
+    def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
+        return find_classes(directory, self._given_class_to_idx)
+
+    @staticmethod
+    def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False
+                     ) -> list[tuple[str, int]]:
+        """torchvision's ``(path, class index)`` samples, or, with no classes, the loose images
+        directly in ``directory``, labelled ``-1``."""
+        if class_to_idx:
+            samples = datasets.folder.make_dataset(directory, class_to_idx, extensions, is_valid_file, allow_empty)
+        else:  # no class folders: the image files directly in the folder, unlabelled
+            valid = is_valid_file or (lambda name: datasets.folder.has_file_allowed_extension(name, extensions))
+            samples = [(entry.path, UNLABELLED) for entry in sorted(os.scandir(directory), key=lambda e: e.name)
+                       if entry.is_file() and valid(entry.path)]
+        if not samples:
+            raise FileNotFoundError(f"found no image files in {directory}.")
+        return samples
+
     def __getitem__(self, index: int):
+        if not -len(self) <= index < len(self):  # ends iteration (the skip below wraps around)
+            raise IndexError(f"index {index} out of range for {len(self)} images.")
         for offset in range(len(self)):
             position = (index + offset) % len(self)
             try:
@@ -51,9 +122,53 @@ class RobustImageFolder(datasets.ImageFolder):
         raise ValueError(f"no readable image under {Path(self.root)}.")
 
 
-def _load_rgb(path: str) -> Image.Image:
-    # Decode fully here (not lazily in a transform) so a truncated file fails in this try block.
+def load_rgb(path: str) -> Image.Image:
+    """The image at ``path`` as 8-bit RGB (see :func:`to_rgb`)."""
+    # Decode fully here (not lazily in a transform) so a truncated file fails in the caller's try block.
     with open(path, "rb") as f:
         image = Image.open(f)
         image.load()
+        return to_rgb(image, path)
+
+
+def to_rgb(image: Image.Image, path: str = "<image>") -> Image.Image:
+    """``image`` in any mode PIL opens -> 8-bit ``RGB``; ``ValueError`` naming ``path`` and the
+    mode for anything that has no faithful conversion (never a blank image).
+
+    * ``1``, ``L``, ``RGB``, ``RGBX``, ``CMYK``, ``YCbCr``, ``LAB``, ``HSV``: PIL's conversion.
+    * With alpha (``RGBA``, ``LA``, ``PA``, ``P``, any mode with a ``transparency`` key):
+      composited over white, as a viewer shows it on a white page (dropping alpha would reveal
+      whatever colour the transparent pixels happen to store, often black).
+    * 16-bit (``I;16``, ``I;16B``, ...): ``round(value / 257)``, mapping 0..65535 onto 0..255.
+    * ``I`` (32-bit integer; some Pillow versions open 16-bit PNGs so): values within 0..65535
+      are 16-bit samples, as above; any other range is stretched by the image's own min..max.
+    * ``F`` (32-bit float): values within [0, 1] are scaled by 255; any other range is
+      stretched by the image's own min..max. NaN or infinite values are refused.
+
+    A constant image stretched by its own range becomes black.
+    """
+    mode = image.mode
+    if mode in HIGH_BIT_MODES:
+        return Image.fromarray(_to_uint8(np.asarray(image), mode, path)).convert("RGB")
+    if mode in ALPHA_MODES or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if mode in PLAIN_MODES:
         return image.convert("RGB")
+    raise ValueError(f"image mode {mode!r} of {path} has no known conversion to 8-bit RGB; convert the file to RGB.")
+
+
+def _to_uint8(values: np.ndarray, mode: str, path: str) -> np.ndarray:
+    """A single-channel high-bit-depth array ``[H, W]`` -> ``uint8 [H, W]`` by :func:`to_rgb`'s rules."""
+    values = values.astype(np.float64)
+    if not np.isfinite(values).all():
+        raise ValueError(f"image mode {mode!r} of {path} holds NaN or infinite values; no 8-bit RGB conversion.")
+    low, high = (values.min(), values.max()) if values.size else (0.0, 0.0)
+    if mode.startswith("I;16") or (mode == "I" and low >= 0 and high <= 65535):
+        scaled = values / 257
+    elif mode == "F" and low >= 0 and high <= 1:
+        scaled = values * 255
+    else:  # an unknown range: stretch the image's own
+        scaled = (values - low) * (255 / (high - low)) if high > low else np.zeros_like(values)
+    return np.rint(scaled).clip(0, 255).astype(np.uint8)

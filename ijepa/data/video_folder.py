@@ -22,6 +22,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from ijepa.data.imagefolder import UNLABELLED, find_classes
+
 VIDEO_EXTENSIONS: tuple[str, ...] = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
 CLIP_STARTS: tuple[str, ...] = ("random", "center")
 
@@ -34,16 +36,24 @@ def _import_av():
     return av
 
 
-def find_videos(root: str | Path) -> tuple[list[tuple[Path, int]], list[str]]:
-    """``(path, class index)`` of every video under ``root/<class>/`` (sorted), and the class names."""
+def find_videos(root: str | Path, class_to_idx: dict[str, int] | None = None
+                ) -> tuple[list[tuple[Path, int]], list[str], dict[str, int]]:
+    """``(path, class index)`` of every video under ``root/<class>/`` (sorted), the class names and
+    their indices. The classes are :func:`ijepa.data.imagefolder.find_classes`': the sub-folders,
+    or the training split's ``class_to_idx`` when given, so that every split numbers a class alike.
+    A folder without class sub-folders holds loose, unlabelled videos (label ``-1``)."""
     root = Path(root)
-    classes = sorted(entry.name for entry in root.iterdir() if entry.is_dir()) if root.is_dir() else []
-    samples = [(path, label) for label, name in enumerate(classes)
-               for path in sorted((root / name).rglob("*")) if path.suffix.lower() in VIDEO_EXTENSIONS]
+    classes, class_to_idx = find_classes(root, class_to_idx) if root.is_dir() else ([], {})
+    if class_to_idx:
+        samples = [(path, class_to_idx[name]) for name in classes
+                   for path in sorted((root / name).rglob("*")) if path.suffix.lower() in VIDEO_EXTENSIONS]
+    else:  # no class folders: the videos directly in root
+        samples = [(path, UNLABELLED) for path in (sorted(root.iterdir()) if root.is_dir() else [])
+                   if path.is_file() and path.suffix.lower() in VIDEO_EXTENSIONS]
     if not samples:
-        raise FileNotFoundError(f"no videos under data.root={str(root)!r}: expected one sub-folder per class holding "
-                                f"video files ({', '.join(VIDEO_EXTENSIONS)}).")
-    return samples, classes
+        raise FileNotFoundError(f"no videos under data.root={str(root)!r}: expected video files ({', '.join(VIDEO_EXTENSIONS)}), "
+                                f"in one sub-folder per class or directly in the folder (unlabelled).")
+    return samples, classes, class_to_idx
 
 
 def decode_clip(path: str | Path, num_frames: int, fps: float | None = None, frame_stride: int = 1,
@@ -118,7 +128,7 @@ class VideoFolderClips(Dataset):
     """Labelled clips from ``root/<class>/<video file>``: items ``(clip, label, frame_times)``.
 
     Args:
-        root: folder with one sub-folder per class.
+        root: folder with one sub-folder per class, or with loose (unlabelled) videos.
         num_frames: frames per clip.
         image_size: the frames' side after the spatial transform.
         fps: sample frames at this rate (seconds-consistent clips); ``None`` uses ``frame_stride``.
@@ -128,13 +138,16 @@ class VideoFolderClips(Dataset):
             ``None`` for resize and centre crop.
         transform: applied last to the ``uint8 [T, 3, image_size, image_size]`` clip
             (e.g. :class:`ijepa.data.datamodule.ClipToTensor`).
+        class_to_idx: number the classes by this index (the training split's) instead of the
+            folder's own; a class folder it lacks is a ``ValueError``.
 
-    ``clip`` is what ``transform`` returns, ``label`` the class index, ``frame_times [T]`` seconds
-    from the clip's first frame.
+    ``clip`` is what ``transform`` returns, ``label`` the class index (``-1`` for loose videos in
+    a folder without class sub-folders), ``frame_times [T]`` seconds from the clip's first frame.
     """
 
     def __init__(self, root: str | Path, num_frames: int, image_size: int, fps: float | None = None, frame_stride: int = 1,
-                 start: str = "random", crop_scale: tuple[float, float] | None = None, transform=None):
+                 start: str = "random", crop_scale: tuple[float, float] | None = None, transform=None,
+                 class_to_idx: dict[str, int] | None = None):
         if num_frames < 1:
             raise ValueError(f"num_frames must be >= 1, got {num_frames}.")
         if fps is not None and not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
@@ -144,7 +157,7 @@ class VideoFolderClips(Dataset):
         if start not in CLIP_STARTS:
             raise ValueError(f"start must be one of {CLIP_STARTS}, got {start!r}.")
         _import_av()
-        self.samples, self.classes = find_videos(root)
+        self.samples, self.classes, self.class_to_idx = find_videos(root, class_to_idx)
         self.targets = [label for _, label in self.samples]
         self.num_frames, self.image_size, self.fps, self.frame_stride, self.start = num_frames, image_size, fps, frame_stride, start
         if crop_scale is None:

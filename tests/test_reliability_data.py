@@ -1,0 +1,308 @@
+"""Data faults from the CLI fault sweep (issue 16): one class index for every split, every PIL image
+mode read as 8-bit RGB, unlabelled folders, and a batch larger than the data. The CLI tests run
+``ijepa fit`` in-process for a few steps of a tiny model."""
+
+from __future__ import annotations
+
+import csv
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from ijepa.cli import build_cli
+from ijepa.data.datamodule import IJEPADataModule
+from ijepa.data.imagefolder import RobustImageFolder, load_rgb, to_rgb
+
+TINY = Path(__file__).with_name("tiny.yaml")
+PROBES = [
+    {"class_path": "ijepa.callbacks.KNNProbe"},
+    {"class_path": "ijepa.callbacks.LinearProbe", "init_args": {"max_iter": 20}},
+]
+SKIP_WARNING = "skipped: the data is unlabelled"
+
+
+# --- helpers --------------------------------------------------------------------------------
+def write_images(folder: Path, count: int, rgb: tuple[int, int, int], size: int = 40) -> None:
+    """``count`` uniform ``rgb`` PNGs in ``folder``, each a shade apart in blue."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        Image.new("RGB", (size, size), (rgb[0], rgb[1], (rgb[2] + 3 * i) % 256)).save(folder / f"img_{i:02d}.png")
+
+
+def run_fit(tmp_path: Path, data: dict, callbacks: list[dict], max_steps: int):
+    """``ijepa fit`` on ``tests/tiny.yaml`` with ``data`` overrides and ``callbacks``, logging to a
+    CSV file; returns the CLI (its trainer and datamodule)."""
+    config = yaml.safe_load(TINY.read_text())
+    config["trainer"].update(
+        max_steps=max_steps, default_root_dir=str(tmp_path), enable_checkpointing=False,
+        callbacks=[{"class_path": "ijepa.callbacks.EMATargetUpdate"}, *callbacks],
+        logger={"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}},
+    )
+    config["data"].update(data)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with mock.patch("sys.argv", ["ijepa"]):
+        return build_cli(["fit", "--config", str(path)], run=True)
+
+
+def logged_metrics(cli) -> set[str]:
+    """Every metric name written to the run's CSV log (including those logged outside the loops)."""
+    with open(Path(cli.trainer.logger.log_dir) / "metrics.csv") as f:
+        return {name for row in csv.DictReader(f) for name, value in row.items() if value}
+
+
+# --- 1. one class index for every split ------------------------------------------------------
+def two_class_folder(root: Path) -> Path:
+    """``train/{circle,square}`` and ``val/{square}``: red and blue, perfectly separable."""
+    write_images(root / "train" / "circle", 8, (220, 20, 0))
+    write_images(root / "train" / "square", 8, (0, 20, 220))
+    write_images(root / "val" / "square", 4, (0, 20, 220))
+    return root
+
+
+def test_val_folder_uses_train_class_index(tmp_path):
+    data = IJEPADataModule(dataset="imagefolder", root=str(two_class_folder(tmp_path)), image_size=32, patch_size=8,
+                           batch_size=4, num_workers=0, crop_scale=None)
+    data.setup("fit")
+    assert data.num_classes == 2
+    square = data.split("knn_train").class_to_idx["square"]
+    assert square == 1
+    assert data.split("knn_test").targets == [square] * 4
+    assert data.split("val").class_to_idx == {"circle": 0, "square": 1}
+
+
+def test_probes_score_a_val_folder_with_fewer_classes_through_the_cli(tmp_path):
+    """val/ holds only ``square``: numbered by its own folder it was class 0 (train's ``circle``),
+    so both probes scored 0.0 on images they classify perfectly."""
+    cli = run_fit(tmp_path, {"dataset": "imagefolder", "root": str(two_class_folder(tmp_path / "data")), "batch_size": 8},
+                  PROBES, max_steps=2)
+    metrics = cli.trainer.callback_metrics
+    assert float(metrics["val/knn_top1"]) == 1.0
+    assert float(metrics["val/linear_top1"]) == 1.0
+
+
+def test_val_class_missing_from_train_is_an_error_naming_class_and_folders(tmp_path):
+    root = two_class_folder(tmp_path)
+    write_images(root / "val" / "triangle", 2, (0, 200, 0))
+    data = IJEPADataModule(dataset="imagefolder", root=str(root), image_size=32, patch_size=8, num_workers=0)
+    with pytest.raises(ValueError, match=r"\['triangle'\] under .*val are not among the training split's classes "
+                                         r"\['circle', 'square'\].*train/"):
+        data.setup("fit")
+
+
+def test_video_val_folder_uses_train_class_index(tmp_path):
+    pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extra")
+    from test_video_data import write_video
+
+    for split, names in (("train", ("a", "b")), ("val", ("b",))):
+        for name in names:
+            (tmp_path / split / name).mkdir(parents=True)
+            write_video(tmp_path / split / name / "0.mp4", 8, 10, size=16)
+    data = IJEPADataModule(dataset="videofolder", root=str(tmp_path), num_frames=4, image_size=16, patch_size=4,
+                           batch_size=1, num_workers=0, target_scale=(0.1, 0.15))
+    data.setup("fit")
+    assert data.num_classes == 2 and data.split("knn_test").targets == [1]
+    (tmp_path / "val" / "c").mkdir()
+    write_video(tmp_path / "val" / "c" / "0.mp4", 8, 10, size=16)
+    with pytest.raises(ValueError, match=r"\['c'\] under .*val are not among"):
+        IJEPADataModule(dataset="videofolder", root=str(tmp_path), num_frames=4, image_size=16, patch_size=4,
+                        num_workers=0).setup("fit")
+
+
+# --- 2. image modes ---------------------------------------------------------------------------
+GRADIENT16 = (np.arange(64 * 64, dtype=np.uint32).reshape(64, 64) * 16).astype(np.uint16)  # 0..65520
+
+
+def rgb_array(image: Image.Image) -> np.ndarray:
+    assert image.mode == "RGB"
+    return np.asarray(image)
+
+
+def test_16_bit_grayscale_png_keeps_its_gradient(tmp_path):
+    """Converted by PIL, a 16-bit PNG clips at 255: 99.6% of this gradient came out white."""
+    path = tmp_path / "depth.png"
+    Image.fromarray(GRADIENT16).save(path)
+    assert Image.open(path).mode == "I;16"
+    pixels = rgb_array(load_rgb(str(path)))
+    expected = np.rint(GRADIENT16 / 257).astype(np.uint8)
+    assert len(np.unique(pixels)) > 200
+    for channel in range(3):
+        np.testing.assert_array_equal(pixels[..., channel], expected)
+
+
+@pytest.mark.parametrize("dtype", [">u2", "<u2"])
+def test_16_bit_modes_of_either_byte_order_map_0_65535_onto_0_255(dtype):
+    image = Image.fromarray(GRADIENT16.astype(dtype))
+    assert image.mode in ("I;16", "I;16B")
+    np.testing.assert_array_equal(rgb_array(to_rgb(image))[..., 1], np.rint(GRADIENT16 / 257).astype(np.uint8))
+
+
+def test_32_bit_integer_image_in_16_bit_range_is_divided_by_257_else_stretched(tmp_path):
+    path = tmp_path / "counts.tif"
+    Image.fromarray(GRADIENT16.astype(np.int32)).save(path)
+    assert Image.open(path).mode == "I"
+    np.testing.assert_array_equal(rgb_array(load_rgb(str(path)))[..., 0], np.rint(GRADIENT16 / 257).astype(np.uint8))
+    wide = Image.fromarray(np.array([[-1000, 0], [500, 99000]], dtype=np.int32))
+    assert rgb_array(to_rgb(wide))[..., 0].tolist() == [[0, 3], [4, 255]]  # (v + 1000) * 255 / 100000
+
+
+def test_float_image_in_unit_range_is_scaled_by_255_else_stretched(tmp_path):
+    path = tmp_path / "unit.tif"
+    Image.fromarray(np.array([[0.0, 0.5], [0.25, 1.0]], dtype=np.float32)).save(path)
+    assert Image.open(path).mode == "F"
+    assert rgb_array(load_rgb(str(path)))[..., 2].tolist() == [[0, 128], [64, 255]]
+    kelvin = Image.fromarray(np.array([[290.0, 300.0], [295.0, 310.0]], dtype=np.float32))
+    assert rgb_array(to_rgb(kelvin))[..., 2].tolist() == [[0, 128], [64, 255]]
+
+
+def test_float_image_with_nan_is_refused_naming_file_and_mode(tmp_path):
+    (tmp_path / "a").mkdir()
+    path = tmp_path / "a" / "nan.tif"
+    Image.fromarray(np.array([[0.0, np.nan]], dtype=np.float32)).save(path)
+    with pytest.raises(ValueError, match=rf"image mode 'F' of {path} holds NaN"):
+        load_rgb(str(path))
+    with pytest.raises(ValueError, match=rf"unreadable image {path} .*mode 'F'"):
+        RobustImageFolder(str(tmp_path))[0]
+
+
+def test_palette_with_transparency_is_composited_over_white(tmp_path):
+    path = tmp_path / "icon.png"
+    image = Image.new("P", (2, 1))
+    image.putpalette([255, 0, 0, 0, 0, 255] + [0] * 762)
+    image.putpixel((1, 0), 1)
+    image.info["transparency"] = 0  # palette entry 0 (red) is transparent
+    image.save(path)
+    assert rgb_array(load_rgb(str(path))).tolist() == [[[255, 255, 255], [0, 0, 255]]]
+    opaque = Image.new("P", (1, 1))
+    opaque.putpalette([10, 200, 30] + [0] * 765)
+    assert rgb_array(to_rgb(opaque)).tolist() == [[[10, 200, 30]]]
+
+
+@pytest.mark.parametrize("mode, colour, expected", [
+    ("LA", (100, 255), (100, 100, 100)), ("LA", (0, 0), (255, 255, 255)), ("LA", (0, 128), (127, 127, 127)),
+    ("RGBA", (0, 0, 255, 0), (255, 255, 255)), ("RGBA", (10, 20, 30, 255), (10, 20, 30)),
+])
+def test_alpha_is_composited_over_white(tmp_path, mode, colour, expected):
+    path = tmp_path / "alpha.png"
+    Image.new(mode, (2, 2), colour).save(path)
+    assert tuple(rgb_array(load_rgb(str(path)))[0, 0]) == expected
+
+
+@pytest.mark.parametrize("suffix", ["jpg", "tif"])
+def test_cmyk_reads_as_rgb(tmp_path, suffix):
+    path = tmp_path / f"print.{suffix}"
+    Image.new("CMYK", (8, 8), (0, 255, 255, 0)).save(path)  # no cyan, full magenta and yellow: red
+    assert Image.open(path).mode == "CMYK"
+    red, green, blue = rgb_array(load_rgb(str(path)))[4, 4].astype(int)
+    assert red > 240 and green < 15 and blue < 15
+
+
+@pytest.mark.parametrize("mode, value, expected", [
+    ("1", 1, (255, 255, 255)), ("L", 77, (77, 77, 77)), ("YCbCr", (128, 128, 128), (128, 128, 128)),
+])
+def test_plain_modes_read_as_rgb(mode, value, expected):
+    assert tuple(rgb_array(to_rgb(Image.new(mode, (2, 2), value)))[1, 1]) == expected
+
+
+def test_an_image_folder_of_mixed_modes_loads_every_image(tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    Image.fromarray(GRADIENT16).save(folder / "a16.png")
+    Image.new("LA", (8, 8), (50, 255)).save(folder / "b_la.png")
+    Image.new("CMYK", (8, 8), (0, 0, 0, 0)).save(folder / "c_cmyk.jpg")
+    Image.new("1", (8, 8), 0).save(folder / "d_bits.png")
+    images = [image for image, _ in RobustImageFolder(str(tmp_path))]  # iteration ends: IndexError past the end
+    assert [image.mode for image in images] == ["RGB"] * 4
+    assert len(np.unique(np.asarray(images[0]))) > 200  # not the all-white 16-bit image
+
+
+# --- 3. unlabelled data -----------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["loose", "one_class"])
+def test_unlabelled_folder_pretrains_on_every_image_and_probes_skip_with_one_warning(tmp_path, layout):
+    """Loose images (or a single class folder) crashed at step 0 in the probes' torchmetrics; with
+    the probes removed, 20% of the images were held out and never used."""
+    root = tmp_path / "data"
+    write_images(root if layout == "loose" else root / "only", 24, (30, 140, 90))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = run_fit(tmp_path, {"dataset": "imagefolder", "root": str(root), "batch_size": 8},
+                      [*PROBES, {"class_path": "ijepa.callbacks.CollapseMonitor"}], max_steps=4)
+    data = cli.datamodule
+    assert cli.trainer.global_step == 4
+    assert data.num_classes == (0 if layout == "loose" else 1)
+    assert len(data.split("pretrain")) == 24
+    skips = [str(w.message) for w in caught if SKIP_WARNING in str(w.message)]
+    assert len(skips) == 1 and "KNNProbe, LinearProbe" in skips[0] and "data.probe_root" in skips[0], skips
+    logged = logged_metrics(cli)
+    assert not any("top1" in name for name in logged), logged
+    assert {"val/loss", "val/rankme"} <= logged
+
+
+def test_unlabelled_val_reuses_a_spread_share_of_the_training_images(tmp_path):
+    write_images(tmp_path, 20, (10, 10, 10))
+    data = IJEPADataModule(dataset="imagefolder", root=str(tmp_path), image_size=32, patch_size=8, num_workers=0,
+                           batch_size=4, crop_scale=None, holdout_fraction=0.2)
+    data.setup("fit")
+    pretrain, val = data.split("pretrain"), data.split("val")
+    assert len(pretrain) == 20 and pretrain.targets == [-1] * 20
+    assert list(val.indices) == [4, 9, 14, 19]
+    assert {val.dataset.samples[i][0] for i in val.indices} <= {path for path, _ in pretrain.samples}
+    assert sum(batch["images"].size(0) for batch in data.train_dataloader()) == 20
+
+
+def test_probe_root_gives_the_probes_a_labelled_folder(tmp_path):
+    root = tmp_path / "unlabelled"
+    write_images(root, 16, (90, 90, 90))
+    probe_root = two_class_folder(tmp_path / "labelled")
+    cli = run_fit(tmp_path, {"dataset": "imagefolder", "root": str(root), "probe_root": str(probe_root), "batch_size": 8},
+                  PROBES, max_steps=2)
+    data = cli.datamodule
+    assert len(data.split("pretrain")) == 16 and data.num_classes == 2
+    assert len(data.split("knn_train")) == 16 and data.split("knn_test").targets == [1] * 4
+    assert float(cli.trainer.callback_metrics["val/knn_top1"]) == 1.0
+
+
+def test_unlabelled_probe_root_is_an_error_naming_the_option(tmp_path):
+    write_images(tmp_path / "loose", 4, (0, 0, 0))
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, num_workers=0, shapes_train_size=8,
+                           shapes_val_size=4, probe_root=str(tmp_path / "loose"))
+    with pytest.raises(ValueError, match="data.probe_root=.* at least two class sub-folders, got 0"):
+        data.setup("fit")
+
+
+def test_loose_videos_are_unlabelled(tmp_path):
+    pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extra")
+    from test_video_data import write_video
+
+    for k in range(3):
+        write_video(tmp_path / f"{k}.mp4", 8, 10, size=16)
+    data = IJEPADataModule(dataset="videofolder", root=str(tmp_path), num_frames=4, image_size=16, patch_size=4,
+                           batch_size=1, num_workers=0, target_scale=(0.1, 0.15))
+    data.setup("fit")
+    assert data.num_classes == 0 and len(data.split("pretrain")) == 3 and data.split("pretrain").targets == [-1] * 3
+
+
+# --- 4. a batch larger than the data ------------------------------------------------------------
+def test_batch_larger_than_the_dataset_is_an_error_naming_data_batch_size(tmp_path):
+    """drop_last=True left no batch at all: fit exited 0 having trained nothing."""
+    with pytest.raises(ValueError, match=r"data.batch_size=32 is larger than the 20 training images per device "
+                                         r"\(20 in the pretrain split over 1 device\(s\)\).*1\.\.20"):
+        run_fit(tmp_path, {"shapes_train_size": 20, "batch_size": 32}, [], max_steps=2)
+
+
+def test_batch_size_is_checked_against_each_devices_share():
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, num_workers=0, shapes_train_size=21,
+                           shapes_val_size=4, batch_size=12)
+    data.trainer = SimpleNamespace(world_size=2)  # 11 images per rank (DistributedSampler pads 21 to 22)
+    with pytest.raises(ValueError, match=r"data.batch_size=12 .* 11 training images per device \(21 in the pretrain "
+                                         r"split over 2 device\(s\)\).*1\.\.11"):
+        data.setup("fit")
+    data.hparams.batch_size = 11
+    data.setup("fit")
+    data.setup("validate")  # only fit trains
