@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
+_TEMPORARY = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
 
 
 def temporary_path(path: Path) -> Path:
@@ -39,7 +39,7 @@ def _running(pid: int) -> bool:
     except (ProcessLookupError, OverflowError):  # no such process, or not a pid this system can have
         return False
     except PermissionError:  # it exists, owned by another user
-        return True
+        pass
     return True
 
 

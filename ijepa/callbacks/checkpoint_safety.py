@@ -62,7 +62,6 @@ class PreemptionCheckpoint(Callback):
         if not filename.endswith(".ckpt") or "/" in filename:
             raise ValueError(f"filename must be a plain file name ending in .ckpt, got {filename!r}.")
         self.filename = filename
-        self.saved: str | None = None
 
     def path(self, trainer: L.Trainer) -> Path:
         callback = trainer.checkpoint_callback
@@ -74,5 +73,4 @@ class PreemptionCheckpoint(Callback):
             return
         path = self.path(trainer)
         trainer.save_checkpoint(path)
-        self.saved = str(path)
         rank_zero_info(f"SIGTERM at step {trainer.global_step}: saved {path}; resume with --ckpt_path {path}")
