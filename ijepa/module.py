@@ -16,7 +16,7 @@ from ijepa.nn.patch import gather_patches
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.resize import INTERPOLATION_MODES, resize_state_dict
 from ijepa.nn.vit import VisionTransformer, block_token_outputs
-from ijepa.regularizers import SIGReg
+from ijepa.regularizers import Projector, SIGReg
 from ijepa.schedules import cosine_schedule, warmup_cosine_schedule
 
 LOSSES = ("smooth_l1", "mse")
@@ -72,6 +72,9 @@ class IJEPA(L.LightningModule):
             mean of the two statistics).
         sigreg_tokens: context tokens per step that SIGReg sees with ``sigreg_input=tokens``.
         sigreg_slices: random 1-D projections SIGReg draws per step.
+        sigreg_projector: widths of an MLP (:class:`ijepa.regularizers.Projector`) between the
+            context tokens and SIGReg, e.g. ``[512, 128]``; null (default) applies SIGReg to the
+            encoder's output itself.
         rescale_residuals: divide each block's residual output projections by ``sqrt(2 * layer)``
             at init (the I-JEPA ViT's constructor); false starts as official I-JEPA training does,
             whose ``init_model`` redraws every Linear after that rescale.
@@ -98,7 +101,8 @@ class IJEPA(L.LightningModule):
     # Arguments that fix the parameters' shapes or meaning: a resumed run cannot change them
     # (the CLI reports a conflict); every other argument may differ from the checkpoint's.
     ARCHITECTURE = ("in_channels", "embed_dim", "depth", "num_heads", "mlp_ratio", "pos_embed", "predictor_embed_dim",
-                    "predictor_depth", "predictor_num_heads", "predictor_pos_embed", "predictor_mode", "tubelet_size")
+                    "predictor_depth", "predictor_num_heads", "predictor_pos_embed", "predictor_mode", "tubelet_size",
+                    "sigreg_projector")
 
     def __init__(
         self,
@@ -122,6 +126,7 @@ class IJEPA(L.LightningModule):
         sigreg_input: str = "tokens",
         sigreg_tokens: int = 1024,
         sigreg_slices: int = 256,
+        sigreg_projector: list[int] | None = None,
         rescale_residuals: bool = True,
         lr: float = 1e-3,
         start_lr: float = 2e-4,
@@ -182,6 +187,7 @@ class IJEPA(L.LightningModule):
             rescale_residuals=rescale_residuals, **predictor_options,
         )
         self.sigreg = SIGReg(sigreg_slices) if sigreg_weight > 0 else None
+        self.sigreg_projector = Projector(embed_dim, sigreg_projector) if sigreg_weight > 0 and sigreg_projector else None
 
     def setup(self, stage: str) -> None:
         # Denormal floats (below 1e-38, e.g. in AdamW's second moments) are very slow on CPU;
@@ -272,8 +278,10 @@ class IJEPA(L.LightningModule):
         if self.sigreg is not None:
             weight = self.hparams.sigreg_weight
             kinds = ("tokens", "pooled") if self.hparams.sigreg_input == "both" else (self.hparams.sigreg_input,)
-            sigreg = sum(self.sigreg(self.sigreg_inputs(context, context_mask, kind), seed=self.global_step)
-                         for kind in kinds) / len(kinds)
+            inputs = [self.sigreg_inputs(context, context_mask, kind) for kind in kinds]
+            if self.sigreg_projector is not None:
+                inputs = [self.sigreg_projector(x) for x in inputs]
+            sigreg = sum(self.sigreg(x, seed=self.global_step) for x in inputs) / len(kinds)
             if self._trainer is not None:
                 stage = "train" if self.training else ("test" if self.trainer.testing else "val")
                 self.log(f"{stage}/jepa_loss", loss.detach(), sync_dist=stage != "train")

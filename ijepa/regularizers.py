@@ -95,3 +95,29 @@ class SIGReg(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_slices={self.num_slices}, num_points={self.t.numel()}, t_max={float(self.t[-1]):g}"
+
+
+class Projector(nn.Sequential):
+    """The MLP between the encoder and a regulariser: ``[N, D] -> [N, widths[-1]]``, each hidden
+    layer ``Linear -> BatchNorm1d -> GELU`` and the last a plain ``Linear`` (LeJEPA's and
+    VICReg's projector shape).
+
+    A regulariser that makes its input isotropic makes every direction of it equally large, the
+    nuisance ones included. Behind a projector only the projector's output has to be isotropic,
+    and the encoder's features stay free to weigh directions unequally.
+
+    Args:
+        in_features: ``D``, the encoder width.
+        widths: output widths of the layers, e.g. ``(512, 128)``; at least one.
+    """
+
+    def __init__(self, in_features: int, widths: tuple[int, ...] | list[int]):
+        widths = list(widths)
+        if not widths or any(int(w) < 1 for w in widths):
+            raise ValueError(f"projector widths must be one or more positive ints, got {widths}.")
+        layers: list[nn.Module] = []
+        for width in widths[:-1]:
+            layers += [nn.Linear(in_features, width), nn.BatchNorm1d(width), nn.GELU()]
+            in_features = width
+        layers.append(nn.Linear(in_features, widths[-1]))
+        super().__init__(*layers)

@@ -478,3 +478,21 @@ def test_empty_image_folder_names_data_root(tmp_path):
 def test_unknown_bad_image_policy_lists_the_valid_ones():
     with pytest.raises(ValueError, match=r"bad_images must be one of \('error', 'skip'\)"):
         IJEPADataModule(dataset="imagefolder", bad_images="ignore")
+
+
+def test_horizontal_flip_applies_without_a_random_crop():
+    # It used to be dropped silently when crop_scale was None (the quickstart's setting).
+    from torchvision import tv_tensors
+
+    from ijepa.data import IJEPADataModule
+
+    image = tv_tensors.Image(torch.arange(3 * 16 * 16, dtype=torch.uint8).reshape(3, 16, 16))
+    flips = IJEPADataModule(dataset="shapes", image_size=16, patch_size=4, crop_scale=None, horizontal_flip=True)
+    plain = IJEPADataModule(dataset="shapes", image_size=16, patch_size=4, crop_scale=None, horizontal_flip=False)
+    reference = plain.train_transform()(image)
+    torch.manual_seed(0)
+    outputs = [flips.train_transform()(image) for _ in range(32)]
+    assert all(torch.equal(plain.train_transform()(image), reference) for _ in range(4))
+    assert any(torch.equal(out, reference.flip(-1)) for out in outputs)
+    assert any(torch.equal(out, reference) for out in outputs)
+    assert all(torch.equal(out, reference) or torch.equal(out, reference.flip(-1)) for out in outputs)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ijepa.regularizers import SIGReg, epps_pulley_terms, random_directions
+from ijepa.regularizers import Projector, SIGReg, epps_pulley_terms, random_directions
 
 
 def test_sigreg_is_near_its_gaussian_expectation_for_gaussian_samples_at_any_batch_size():
@@ -113,3 +113,37 @@ def test_two_ranks_compute_the_global_batch_statistic_and_its_gradient():
         assert torch.allclose(rank_value, value.detach(), rtol=1e-5)  # every rank: the global statistic
         # a sample's gradient on its rank equals its gradient in the one-process run
         assert torch.allclose(rank_grad, whole.grad.chunk(2)[rank], rtol=1e-4, atol=1e-7)
+
+
+def test_projector_maps_tokens_to_its_last_width_through_batchnorm_and_gelu():
+    projector = Projector(32, [64, 48, 16])
+    assert [type(m).__name__ for m in projector] == ["Linear", "BatchNorm1d", "GELU", "Linear", "BatchNorm1d", "GELU",
+                                                     "Linear"]
+    assert projector(torch.randn(10, 32)).shape == (10, 16)
+    assert Projector(32, [8])(torch.randn(3, 32)).shape == (3, 8)  # one width: a single Linear
+
+
+@pytest.mark.parametrize("widths", [[], [0], [64, -1]])
+def test_projector_rejects_empty_or_non_positive_widths(widths):
+    with pytest.raises(ValueError, match="projector widths"):
+        Projector(32, widths)
+
+
+def test_sigreg_behind_the_projector_trains_the_projector_and_the_encoder():
+    from ijepa.module import IJEPA
+
+    torch.manual_seed(0)
+    tiny = dict(image_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, predictor_embed_dim=16,
+                predictor_depth=1, predictor_num_heads=2, sigreg_weight=0.5)
+    model = IJEPA(**tiny, sigreg_projector=[64, 16])
+    assert isinstance(model.sigreg_projector, Projector) and model.sigreg_projector[-1].out_features == 16
+    assert IJEPA(**tiny).sigreg_projector is None
+    assert IJEPA(**{**tiny, "sigreg_weight": 0.0}, sigreg_projector=[64, 16]).sigreg_projector is None
+    images = torch.randn(4, 3, 32, 32)
+    context = torch.tensor([[0, 1, 2, 3, 4, 5]] * 4)
+    targets = torch.tensor([[[10, 11], [14, 15]]] * 4)
+    loss = model.jepa_loss({"images": images, "context_indices": context, "target_indices": targets})
+    loss.backward()
+    assert model.sigreg_projector[0].weight.grad.abs().sum() > 0
+    assert model.encoder.transformer.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+    assert "sigreg_projector" in IJEPA.ARCHITECTURE  # its weights are in the checkpoint: resume must match them

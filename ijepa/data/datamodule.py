@@ -237,9 +237,11 @@ class IJEPADataModule(L.LightningDataModule):
         """Pretraining augmentation: random resized crop (I-JEPA's only one) and optional flip."""
         hp = self.hparams
         if hp.crop_scale is None:
-            return self.eval_transform()
-        steps = [v2.ToImage(), v2.RandomResizedCrop(hp.image_size, scale=tuple(hp.crop_scale), antialias=True)]
-        if hp.horizontal_flip:
+            size = hp.image_size
+            steps = [v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size)]
+        else:
+            steps = [v2.ToImage(), v2.RandomResizedCrop(hp.image_size, scale=tuple(hp.crop_scale), antialias=True)]
+        if hp.horizontal_flip:  # independent of the crop: without one, the flip still applies
             steps.append(v2.RandomHorizontalFlip())
         return v2.Compose(steps + self._to_float())
 
