@@ -237,6 +237,18 @@ def test_moving_shapes_need_time_one_frame_does_not_tell_the_direction():
     assert motion > 0.9
 
 
+@pytest.mark.parametrize("background", ["texture", "plain"])
+def test_cached_clips_are_the_clips_rendered_one_at_a_time(background):
+    from ijepa.data.moving_shapes import MovingShapesClips
+
+    options = dict(num_frames=3, image_size=16, background=background, num_objects=3, label="shape", fps=5.0)
+    alone, cached = MovingShapesClips(6, **options), MovingShapesClips(6, **options, cache=True)
+    assert alone.clips is None and cached.clips.shape == (6, 3, 3, 16, 16)
+    for i in range(6):
+        (a, label_a, times_a), (b, label_b, times_b) = alone[i], cached[i]
+        assert torch.equal(a, b) and label_a == label_b and torch.equal(times_a, times_b)
+
+
 def test_moving_shapes_options():
     from ijepa.data.moving_shapes import MovingShapesClips
 

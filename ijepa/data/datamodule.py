@@ -397,7 +397,8 @@ class IJEPADataModule(L.LightningDataModule):
             return MovingShapesClips(size, hp.num_frames, hp.image_size, split=split, seed=hp.seed,
                                      num_directions=hp.clip_directions, speed=tuple(hp.clip_speed),
                                      background=hp.clip_background, fps=hp.clip_fps,
-                                     num_objects=hp.clip_num_objects, label=hp.clip_label, transform=ClipToTensor())
+                                     num_objects=hp.clip_num_objects, label=hp.clip_label, transform=ClipToTensor(),
+                                     cache=True)  # rendered once, not once an epoch
 
         train_set = make("train", hp.shapes_train_size)
         val_set = make("val", hp.shapes_val_size)

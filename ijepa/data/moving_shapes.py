@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from ijepa.data.shapes import _MIN_CONTRAST, CLASSES, _index_seed, _render, _rgb_dist
+from ijepa.data.shapes import _CHUNK_POINTS, _MIN_CONTRAST, CLASSES, _index_seed, _render, _rgb_dist, _supersample
 
 DIRECTIONS: tuple[str, ...] = ("right", "down_right", "down", "down_left", "left", "up_left", "up", "up_right")
 BACKGROUNDS: tuple[str, ...] = ("texture", "plain")
@@ -78,12 +78,14 @@ class MovingShapesClips(Dataset):
         label: ``direction`` (the class is the motion) or ``shape`` (the class is the shape's
             kind; directions are drawn at random).
         transform: applied to the ``uint8 [T, 3, H, W]`` clip.
+        cache: render every clip once at construction (``N * T * 3 * H * W`` bytes; frames
+            rendered in batches) instead of on every access; both give the same clips.
     """
 
     def __init__(self, num_samples: int, num_frames: int = 8, image_size: int = 32, split: str = "train", seed: int = 0,
                  num_directions: int = 4, speed: tuple[float, float] = (1.0, 2.0), radius: tuple[float, float] = (0.12, 0.2),
                  background: str = "texture", fps: float | None = None, num_objects: int = 1, label: str = "direction",
-                 transform=None):
+                 transform=None, cache: bool = False):
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
         if num_frames < 2:
@@ -117,6 +119,8 @@ class MovingShapesClips(Dataset):
         else:  # balanced shapes; the direction a function of the clip's seed
             self.targets = [i % len(CLASSES) for i in range(num_samples)]
             self.directions_of = [_index_seed(seed + 7919, split, i) % num_directions for i in range(num_samples)]
+        self.clips: Tensor | None = None
+        self.clips = self._render_all() if cache else None
 
     @property
     def num_classes(self) -> int:
@@ -152,8 +156,9 @@ class MovingShapesClips(Dataset):
         return dict(shape=shape, objects=objects,
                     vx=speed * math.cos(angle), vy=speed * math.sin(angle), bg=bg, noise=noise, texture=texture)
 
-    def render(self, index: int) -> Tensor:
-        """Clip ``index`` as ``uint8 [T, 3, H, W]``."""
+    def frames(self, index: int) -> tuple[list[dict], Tensor | None]:
+        """Clip ``index``'s per-frame render parameters and its background ``[T, 3, H, W]`` (or
+        ``None`` on a plain background)."""
         p, size = self.clip_parameters(index), self.image_size
         frames = []
         for t in range(self.num_frames):
@@ -167,12 +172,37 @@ class MovingShapesClips(Dataset):
                            if -reach < cx + dx < size + reach and -reach < cy + dy < size + reach]
             frames.append(dict(label=p["shape"], objects=copies, bg=p["bg"], noise=p["noise"][t]))
         if self.background == "plain":
-            return _render(frames, size, "plain")
+            return frames, None
         texture = translating_texture(p["texture"], (p["vx"], p["vy"]), self.num_frames, _TEXTURE_CUTOFF * 32 / size)
         # Around mid-grey, not the clip's background colour: a colour shared by a whole clip is
         # an easy, motion-free latent that the JEPA's features and the probes latch onto.
-        base = 0.5 + _TEXTURE_CONTRAST * texture
-        return _render(frames, size, "plain", base=base)
+        return frames, 0.5 + _TEXTURE_CONTRAST * texture
+
+    def render_many(self, indices) -> Tensor:
+        """Clips ``indices`` as ``uint8 [n, T, 3, H, W]``, their frames rendered in one batch."""
+        frames, bases = [], []
+        for index in indices:
+            clip_frames, base = self.frames(index)
+            frames += clip_frames
+            bases.append(base)
+        base = None if self.background == "plain" else torch.cat(bases)
+        size = self.image_size
+        return _render(frames, size, "plain", base=base).view(len(indices), self.num_frames, 3, size, size)
+
+    def render(self, index: int) -> Tensor:
+        """Clip ``index`` as ``uint8 [T, 3, H, W]``."""
+        if self.clips is not None:
+            return self.clips[index]
+        return self.render_many([index])[0]
+
+    def _render_all(self) -> Tensor:
+        per_clip = self.num_frames * (self.image_size * _supersample(self.image_size)) ** 2
+        chunk = max(1, _CHUNK_POINTS // per_clip)
+        out = torch.empty(self.num_samples, self.num_frames, 3, self.image_size, self.image_size, dtype=torch.uint8)
+        for start in range(0, self.num_samples, chunk):
+            stop = min(start + chunk, self.num_samples)
+            out[start:stop] = self.render_many(range(start, stop))
+        return out
 
     def __getitem__(self, index: int) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
         if not -self.num_samples <= index < self.num_samples:
