@@ -118,7 +118,7 @@ class IJEPADataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes (masks are sampled there).
         pin_memory: pin host memory when a GPU is used.
         crop_scale: RandomResizedCrop area range, or null for no crop (resize only).
-        horizontal_flip: random horizontal flips in pretraining.
+        horizontal_flip: random horizontal flips in pretraining (with or without ``crop_scale``).
         num_target_blocks: target blocks per image (I-JEPA: 4).
         target_scale: area range of a target block, as a fraction of the image.
         target_aspect_ratio: height/width range of a target block.

@@ -104,6 +104,9 @@ def run_summary(run_dir: Path) -> dict[str, float] | None:
         middle = min(values[1:-1] or values[-1:], key=lambda sv: abs(sv[0] - values[-1][0] / 2))  # nearest half-way
         summary |= {f"{metric}_0": values[0][1], f"{metric}_mid": middle[1], f"{metric}_end": values[-1][1]}
         summary[f"{metric}_gain"] = values[-1][1] - values[0][1]
+    attentive = scalars(versions[-1], "val/attentive_top1")  # clip configs only
+    if len(attentive) >= 2:
+        summary |= {"attentive_top1_0": attentive[0][1], "attentive_top1_end": attentive[-1][1]}
     rank = scalars(versions[-1], "val/rankme")
     summary["rankme_0"] = rank[0][1] if rank and rank[0][0] == 0 else float("nan")
     summary["rankme_end"] = rank[-1][1] if rank else float("nan")
@@ -118,20 +121,24 @@ def cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
 
 def table(root: Path) -> str:
     """The markdown table of every complete variant under ``root``."""
+    rows = {variant: [s for d in sorted(root.glob(f"{variant}_s*")) if (s := run_summary(d))] for variant in VARIANTS}
+    attentive = any("attentive_top1_0" in r for runs in rows.values() for r in runs)
     lines = ["| variant | seeds | k-NN % step 0 / mid / end | k-NN gain (min) | linear % step 0 / mid / end | "
-             "linear gain (min) | `val/rankme` end | wall s (median) |", "|---|---|---|---|---|---|---|---|"]
-    for variant in VARIANTS:
-        runs = [s for d in sorted(root.glob(f"{variant}_s*")) if (s := run_summary(d))]
+             "linear gain (min) | " + ("attentive % step 0 / end | " if attentive else "") + "`val/rankme` end | "
+             "wall s (median) |", "|---|---|---|---|---|---|---|---|" + ("---|" if attentive else "")]
+    for variant, runs in rows.items():
         if not runs:
             continue
         def col(key):
-            return [r[key] for r in runs]
+            return [r.get(key, float("nan")) for r in runs]
         knn = " / ".join(f"{100 * statistics.mean(col(f'knn_top1_{w}')):.1f}" for w in ("0", "mid", "end"))
         lin = " / ".join(f"{100 * statistics.mean(col(f'linear_top1_{w}')):.1f}" for w in ("0", "mid", "end"))
         lines.append(
             f"| {variant} | {len(runs)} | {knn} | {cell(col('knn_top1_gain'))} ({100 * min(col('knn_top1_gain')):.1f}) | "
             f"{lin} | {cell(col('linear_top1_gain'))} ({100 * min(col('linear_top1_gain')):.1f}) | "
-            f"{cell(col('rankme_end'), 1.0)} | {statistics.median(col('wall_s')):.0f} |")
+            + (f"{100 * statistics.mean(col('attentive_top1_0')):.1f} / {100 * statistics.mean(col('attentive_top1_end')):.1f} | "
+               if attentive else "")
+            + f"{cell(col('rankme_end'), 1.0)} | {statistics.median(col('wall_s')):.0f} |")
     return "\n".join(lines)
 
 
