@@ -88,3 +88,24 @@ def test_probe_runs_at_start_and_end_of_fit_on_several_blocks(tmp_path):
     with pytest.raises(ValueError, match=r"last_blocks must be in 1\.\.2 \(the encoder depth\), got 3"):
         L.Trainer(callbacks=[LinearProbe(last_blocks=3)], logger=False, enable_progress_bar=False,
                   max_steps=1, limit_val_batches=0).fit(IJEPA(**TINY_MODEL), datamodule=data)
+
+
+def test_knn_and_linear_probes_encode_the_data_once_per_weights(tmp_path):
+    from unittest import mock
+
+    from ijepa.callbacks import KNNProbe
+
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=50, num_workers=0, crop_scale=None,
+                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=100, shapes_val_size=50)
+    model = IJEPA(**TINY_MODEL)
+    trainer = L.Trainer(callbacks=[KNNProbe(), LinearProbe(max_iter=20)], logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path, limit_val_batches=1)
+    with mock.patch.object(IJEPA, "features", autospec=True, side_effect=IJEPA.features) as features:
+        first = trainer.validate(model, datamodule=data, verbose=False)[0]
+        assert features.call_count == 2  # one bank batch + one query batch, shared by the two probes
+        again = trainer.validate(model, datamodule=data, verbose=False)[0]
+        assert features.call_count == 2 and again == first  # same weights: same features, not re-encoded
+        with torch.no_grad():
+            model.target_encoder.patch_embed.proj.weight.mul_(0.5)  # other weights at the same step
+        trainer.validate(model, datamodule=data, verbose=False)
+        assert features.call_count == 4

@@ -51,6 +51,15 @@ def _unshard(gathered: torch.Tensor, size: int) -> torch.Tensor:
     return gathered.transpose(0, 1).flatten(0, 1)[:size]
 
 
+def _weights_key(trainer: L.Trainer, pl_module: L.LightningModule, encoder: str) -> tuple:
+    """What the pooled features of a data set depend on besides the data: the step, the train or
+    eval mode and the weights themselves (a sum per tensor: loading other weights at the same
+    step changes it)."""
+    network = pl_module.target_encoder if encoder == "target" else pl_module.encoder
+    sums = torch.stack([p.detach().float().sum() for p in network.parameters()]).tolist()
+    return trainer.global_step, pl_module.training, tuple(sums)
+
+
 @torch.no_grad()
 def extract_features(
     trainer: L.Trainer, pl_module: L.LightningModule, loader: DataLoader, encoder: str = "target", last_blocks: int = 1,
@@ -62,7 +71,26 @@ def extract_features(
 
     Under DDP each rank encodes every ``world_size``-th image and the features are gathered back
     into the dataset's order, so every rank holds what a single process would.
+
+    Pooled features are kept until the weights change, so the k-NN and linear probes of one
+    validation encode the bank and the queries once between them (token features, which can be
+    large, are not kept).
     """
+    if tokens:
+        return _extract_features(trainer, pl_module, loader, encoder, last_blocks, tokens)
+    weights = _weights_key(trainer, pl_module, encoder)
+    cache = getattr(pl_module, "_probe_feature_cache", None)
+    if cache is None or cache["weights"] != weights:
+        cache = {"weights": weights, "features": {}}
+        pl_module._probe_feature_cache = cache
+    key = (id(loader.dataset), encoder, last_blocks)
+    if key not in cache["features"]:
+        cache["features"][key] = _extract_features(trainer, pl_module, loader, encoder, last_blocks, tokens)
+    return cache["features"][key]
+
+
+def _extract_features(trainer: L.Trainer, pl_module: L.LightningModule, loader: DataLoader, encoder: str,
+                      last_blocks: int, tokens: bool) -> tuple[torch.Tensor, torch.Tensor]:
     world, rank = trainer.world_size, trainer.global_rank
     if world > 1:
         loader = _shard(loader, rank, world)

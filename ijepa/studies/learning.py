@@ -2,8 +2,8 @@
 
 Every variant is ``configs/quickstart.yaml`` with overrides: ``plain`` undoes every lever
 (``configs/ablations/plain_ijepa.yaml``) and each ``+lever`` variant is plain with one lever
-switched on. ``+sigreg_tokens`` is the quickstart's own recipe (the same resolved config), so
-it is not run twice. Runs go one after another (two at once on 2 cores halve each other's
+switched on. ``+sigreg_proj`` (SIGReg on the context tokens through an MLP projector) is the
+quickstart's own recipe (the same resolved config), so it is not run twice. Runs go one after another (two at once on 2 cores halve each other's
 speed and spoil the wall-time column)::
 
     python -m ijepa.studies.learning run --root runs/learning --seeds 0 1 2
@@ -41,6 +41,8 @@ VARIANTS: dict[str, list[str]] = {
     "+sigreg_pooled": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=pooled"],
     "+sigreg_both": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=both"],
     "+target_avg4": [f"--config={PLAIN}", "--model.target_last_blocks=4"],
+    "+sigreg_proj": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=tokens",
+                     "--model.sigreg_projector=[512,128]"],
 }
 
 DATA: dict[str, list[str]] = {
