@@ -75,6 +75,9 @@ class IJEPA(L.LightningModule):
         sigreg_projector: widths of an MLP (:class:`ijepa.regularizers.Projector`) between the
             context tokens and SIGReg, e.g. ``[512, 128]``; null (default) applies SIGReg to the
             encoder's output itself.
+        sigreg_projector_share: with a projector, the share of the SIGReg term measured on the
+            projector's output; the rest is measured on the tokens themselves (1: all behind
+            the projector).
         rescale_residuals: divide each block's residual output projections by ``sqrt(2 * layer)``
             at init (the I-JEPA ViT's constructor); false starts as official I-JEPA training does,
             whose ``init_model`` redraws every Linear after that rescale.
@@ -127,6 +130,7 @@ class IJEPA(L.LightningModule):
         sigreg_tokens: int = 1024,
         sigreg_slices: int = 256,
         sigreg_projector: list[int] | None = None,
+        sigreg_projector_share: float = 1.0,
         rescale_residuals: bool = True,
         lr: float = 1e-3,
         start_lr: float = 2e-4,
@@ -155,6 +159,8 @@ class IJEPA(L.LightningModule):
             raise ValueError(f"sigreg_weight must be in [0, 1], got {sigreg_weight}.")
         if sigreg_input not in SIGREG_INPUTS:
             raise ValueError(f"sigreg_input must be one of {SIGREG_INPUTS}, got {sigreg_input!r}.")
+        if not 0.0 <= sigreg_projector_share <= 1.0:
+            raise ValueError(f"sigreg_projector_share must be in [0, 1], got {sigreg_projector_share}.")
         if sigreg_tokens < 2:
             raise ValueError(f"sigreg_tokens must be >= 2, got {sigreg_tokens}.")
         self.save_hyperparameters()
@@ -279,15 +285,25 @@ class IJEPA(L.LightningModule):
             weight = self.hparams.sigreg_weight
             kinds = ("tokens", "pooled") if self.hparams.sigreg_input == "both" else (self.hparams.sigreg_input,)
             inputs = [self.sigreg_inputs(context, context_mask, kind) for kind in kinds]
-            if self.sigreg_projector is not None:
-                inputs = [self.sigreg_projector(x) for x in inputs]
-            sigreg = sum(self.sigreg(x, seed=self.global_step) for x in inputs) / len(kinds)
+            sigreg = self.sigreg_statistic(inputs)
             if self._trainer is not None:
                 stage = "train" if self.training else ("test" if self.trainer.testing else "val")
                 self.log(f"{stage}/jepa_loss", loss.detach(), sync_dist=stage != "train")
                 self.log(f"{stage}/sigreg", sigreg.detach(), sync_dist=stage != "train")
             loss = (1 - weight) * loss + weight * sigreg
         return loss, target_features
+
+    def sigreg_statistic(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        """SIGReg of each ``[n, D]`` input, averaged: behind the projector (if any) for
+        ``sigreg_projector_share`` of the term, on the inputs themselves for the rest."""
+        share = self.hparams.sigreg_projector_share if self.sigreg_projector is not None else 0.0
+        total = 0.0
+        for x in inputs:
+            if share > 0:
+                total = total + share * self.sigreg(self.sigreg_projector(x), seed=self.global_step)
+            if share < 1:
+                total = total + (1 - share) * self.sigreg(x, seed=self.global_step)
+        return total / len(inputs)
 
     def sigreg_inputs(self, context: torch.Tensor, context_mask: torch.Tensor | None, kind: str | None = None) -> torch.Tensor:
         """What SIGReg sees of the context encoder's output ``[B, Kc, D]``: for ``kind="tokens"``

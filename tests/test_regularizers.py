@@ -147,3 +147,22 @@ def test_sigreg_behind_the_projector_trains_the_projector_and_the_encoder():
     assert model.sigreg_projector[0].weight.grad.abs().sum() > 0
     assert model.encoder.transformer.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
     assert "sigreg_projector" in IJEPA.ARCHITECTURE  # its weights are in the checkpoint: resume must match them
+
+
+def test_projector_share_splits_the_statistic_between_projector_output_and_tokens():
+    from ijepa.module import IJEPA
+
+    tiny = dict(image_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, predictor_embed_dim=16,
+                predictor_depth=1, predictor_num_heads=2, sigreg_weight=0.5, sigreg_projector=[64, 32])
+    x = torch.randn(100, 32) * torch.linspace(0.1, 3.0, 32)  # far from isotropic
+    torch.manual_seed(0)
+    models = {share: IJEPA(**tiny, sigreg_projector_share=share).eval() for share in (0.0, 0.25, 1.0)}
+    for model in models.values():  # one projector for all three
+        model.sigreg_projector.load_state_dict(models[0.0].sigreg_projector.state_dict())
+    raw = float(models[0.0].sigreg(x, seed=0))
+    behind = float(models[0.0].sigreg(models[0.0].sigreg_projector(x), seed=0))
+    assert float(models[0.0].sigreg_statistic([x])) == pytest.approx(raw)
+    assert float(models[1.0].sigreg_statistic([x])) == pytest.approx(behind)
+    assert float(models[0.25].sigreg_statistic([x])) == pytest.approx(0.25 * behind + 0.75 * raw)
+    with pytest.raises(ValueError, match="sigreg_projector_share must be in"):
+        IJEPA(**tiny, sigreg_projector_share=1.5)

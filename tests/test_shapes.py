@@ -197,3 +197,35 @@ def test_transform_applied():
     image, _ = ds[2]
     assert image.dtype == torch.float32
     assert torch.allclose(image, ds.images[2].float() / 255)
+
+
+def test_windowed_coverage_equals_testing_every_sub_sample_of_the_image():
+    # _coverage tests each instance only in a window around it; the reference tests the whole grid.
+    import math
+
+    from ijepa.data.shapes import _SHAPE_FNS, CLASSES, _coverage, _supersample
+
+    def full_grid(instances, size):
+        ss = _supersample(size)
+        grid = (torch.arange(size * ss, dtype=torch.float32) + 0.5) / ss
+        xs, ys = grid.view(1, -1), grid.view(-1, 1)
+        out = []
+        for label, o in instances:
+            dx, dy = xs - o["cx"], ys - o["cy"]
+            u, v = dx * o["c"] + dy * o["s"], dy * o["c"] - dx * o["s"]
+            inside = _SHAPE_FNS[CLASSES[label]](u, v)
+            out.append(inside.view(size, ss, size, ss).sum((1, 3)).float() / (ss * ss))
+        return torch.stack(out)
+
+    g = torch.Generator().manual_seed(0)
+    for size in (16, 48, 96):
+        instances = []
+        for label in range(len(CLASSES)):
+            for _ in range(6):  # centres inside, at and beyond the edges; radii up to half the image
+                radius = size * (0.05 + 0.45 * torch.rand(1, generator=g).item())
+                cx, cy = (size * (1.4 * torch.rand(2, generator=g) - 0.2)).tolist()
+                theta = 2 * math.pi * torch.rand(1, generator=g).item()
+                instances.append((label, dict(cx=cx, cy=cy, c=math.cos(theta) / radius, s=math.sin(theta) / radius)))
+        reference = full_grid(instances, size)
+        assert reference.sum() > 0
+        assert torch.equal(_coverage(instances, size), reference)
