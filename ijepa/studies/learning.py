@@ -3,7 +3,8 @@
 Every variant is ``configs/quickstart.yaml`` with overrides: ``plain`` undoes every lever
 (``configs/ablations/plain_ijepa.yaml``) and each ``+lever`` variant is plain with one lever
 switched on. ``+sigreg_tokens`` is the quickstart's own recipe (the same resolved config), so
-it is not run twice; ``+sigreg_proj`` sees the same tokens through an MLP projector. Runs go one after another (two at once on 2 cores halve each other's
+it is not run twice; ``+sigreg_proj`` sees the same tokens through an MLP projector, and
+``+sigreg_half_proj`` measures half of the SIGReg term each way. Runs go one after another (two at once on 2 cores halve each other's
 speed and spoil the wall-time column)::
 
     python -m ijepa.studies.learning run --root runs/learning --seeds 0 1 2
@@ -43,6 +44,8 @@ VARIANTS: dict[str, list[str]] = {
     "+target_avg4": [f"--config={PLAIN}", "--model.target_last_blocks=4"],
     "+sigreg_proj": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=tokens",
                      "--model.sigreg_projector=[512,128]"],
+    "+sigreg_half_proj": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=tokens",
+                          "--model.sigreg_projector=[512,128]", "--model.sigreg_projector_share=0.5"],
 }
 
 DATA: dict[str, list[str]] = {
