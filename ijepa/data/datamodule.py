@@ -237,8 +237,7 @@ class IJEPADataModule(L.LightningDataModule):
         """Pretraining augmentation: random resized crop (I-JEPA's only one) and optional flip."""
         hp = self.hparams
         if hp.crop_scale is None:
-            size = hp.image_size
-            steps = [v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size)]
+            steps = [v2.ToImage(), *self._resize_centre_crop()]
         else:
             steps = [v2.ToImage(), v2.RandomResizedCrop(hp.image_size, scale=tuple(hp.crop_scale), antialias=True)]
         if hp.horizontal_flip:  # independent of the crop: without one, the flip still applies
@@ -247,8 +246,11 @@ class IJEPADataModule(L.LightningDataModule):
 
     def eval_transform(self) -> v2.Transform:
         """Deterministic resize + centre crop to ``image_size``, then normalise."""
+        return v2.Compose([v2.ToImage(), *self._resize_centre_crop(), *self._to_float()])
+
+    def _resize_centre_crop(self) -> list[v2.Transform]:
         size = self.hparams.image_size
-        return v2.Compose([v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size), *self._to_float()])
+        return [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
 
     @staticmethod
     def _to_float() -> list[v2.Transform]:

@@ -119,8 +119,7 @@ class MovingShapesClips(Dataset):
         else:  # balanced shapes; the direction a function of the clip's seed
             self.targets = [i % len(CLASSES) for i in range(num_samples)]
             self.directions_of = [_index_seed(seed + 7919, split, i) % num_directions for i in range(num_samples)]
-        self.clips: Tensor | None = None
-        self.clips = self._render_all() if cache else None
+        self.clips: Tensor | None = self._render_all() if cache else None
 
     @property
     def num_classes(self) -> int:

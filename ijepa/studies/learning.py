@@ -4,8 +4,8 @@ Every variant is ``configs/quickstart.yaml`` with overrides: ``plain`` undoes ev
 (``configs/ablations/plain_ijepa.yaml``) and each ``+lever`` variant is plain with one lever
 switched on. ``+sigreg_tokens`` is the quickstart's own recipe (the same resolved config), so
 it is not run twice; ``+sigreg_proj`` sees the same tokens through an MLP projector, and
-``+sigreg_half_proj`` measures half of the SIGReg term each way. Runs go one after another (two at once on 2 cores halve each other's
-speed and spoil the wall-time column)::
+``+sigreg_half_proj`` measures half of the SIGReg term each way. Runs go one after another
+(two at once on 2 cores halve each other's speed and spoil the wall-time column)::
 
     python -m ijepa.studies.learning run --root runs/learning --seeds 0 1 2
     python -m ijepa.studies.learning table --root runs/learning
