@@ -279,14 +279,20 @@ class MaskCollator:
     Returns a dict with ``images [B, C, H, W]`` (clips ``[B, C, T, H, W]``), ``labels [B]``,
     ``context_indices [B, Kc]``, ``target_indices [B, M, Kt]``, with the sampler's
     ``context_policy="pad"`` also ``context_mask [B, Kc]`` (True for real context tokens), and, for
-    clips that carry them, ``frame_times [B, T]`` (seconds). Runs in the DataLoader's worker processes. Samples whose last
+    clips that carry them, ``frame_times [B, T]`` (seconds). With ``masks_per_image = R > 1`` the
+    mask tensors have ``R * B`` rows: row ``r * B + i`` is the ``r``-th mask set of image ``i`` (the
+    first ``B`` rows are an ordinary batch's masks), so one target-encoder pass serves ``R``
+    predictions per image (data2vec 2.0's multi-mask). Runs in the DataLoader's worker processes. Samples whose last
     element is a per-sample seed (an ``int`` after the label, from
     :class:`ijepa.data.sampling.SeededSamples`) seed the batch's masks from all of them, so masks
     never depend on the worker or the global RNG.
     """
 
-    def __init__(self, sampler: MultiBlockMaskSampler):
+    def __init__(self, sampler: MultiBlockMaskSampler, masks_per_image: int = 1):
+        if masks_per_image < 1:
+            raise ValueError(f"masks_per_image must be >= 1, got {masks_per_image}.")
         self.sampler = sampler
+        self.masks_per_image = masks_per_image
 
     def __call__(self, samples: list) -> dict[str, torch.Tensor]:
         generator = None
@@ -296,7 +302,7 @@ class MaskCollator:
             generator = torch.Generator().manual_seed(mix_seed(*(sample[-1] for sample in samples)))
             samples = [sample[:-1] for sample in samples]
         batch = collate_samples(samples)
-        context_indices, target_indices = self.sampler(batch["images"].size(0), generator)
+        context_indices, target_indices = self.sampler(self.masks_per_image * batch["images"].size(0), generator)
         # The range check the model skips in its hot path, here on CPU tensors (no device sync).
         check_indices(context_indices, self.sampler.num_patches, "context_indices")
         check_indices(target_indices.flatten(1), self.sampler.num_patches, "target_indices")

@@ -261,9 +261,15 @@ class IJEPA(L.LightningModule):
         images = batch["images"]  # or clips [B, C, T, H, W]
         context_indices, target_indices = batch["context_indices"], batch["target_indices"]
         context_mask = batch.get("context_mask")  # [B, Kc], True for real tokens, when padded
-        batch_size, num_blocks, num_targets = target_indices.shape
+        rows, num_blocks, num_targets = target_indices.shape
         # Clips may carry frame_times [B, T] (seconds), which M-RoPE turns into temporal positions.
         times = self.token_times(batch.get("frame_times"))
+        # R mask sets per image (data.masks_per_image): row r * B + i masks image i, and the
+        # target encoder's pass over the B images serves all R of them.
+        repeats = rows // images.size(0)
+        if repeats < 1 or rows % images.size(0) or context_indices.size(0) != rows:
+            raise ValueError(f"the batch's masks ({context_indices.size(0)} context and {rows} target rows) must be a "
+                             f"whole multiple of its {images.size(0)} images (data.masks_per_image).")
         with index_checks(self.hparams.debug_checks):
             with torch.no_grad():
                 if self.hparams.target_last_blocks == 1:  # the encoder's own forward (compiled with model.compile)
@@ -273,8 +279,13 @@ class IJEPA(L.LightningModule):
                     blocks = block_token_outputs(self.target_encoder, images, self.hparams.target_last_blocks, **times)
                     target_features = blocks[-1]
                     normed = torch.stack([F.layer_norm(b, b.shape[-1:]) for b in blocks]).mean(0)
+                if repeats > 1:
+                    normed = normed.repeat(repeats, 1, 1)
                 targets = gather_patches(normed, target_indices.flatten(1))
-                targets = targets.view(batch_size, num_blocks, num_targets, -1)
+                targets = targets.view(rows, num_blocks, num_targets, -1)
+            if repeats > 1:
+                images = images.repeat(repeats, *(1,) * (images.dim() - 1))
+                times = {name: value.repeat(repeats, *(1,) * (value.dim() - 1)) for name, value in times.items()}
             context = self.encoder(images, context_indices, token_mask=context_mask, **times)
             predictions = self.predictor(context, context_indices, target_indices, context_mask=context_mask, **times)
         if self.hparams.loss == "mse":

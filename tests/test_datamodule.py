@@ -413,6 +413,7 @@ def test_image_size_not_divisible_by_patch_size():
         (dict(batch_size=0), "batch_size"),
         (dict(knn_batch_size=0), "knn_batch_size"),
         (dict(num_workers=-1), "num_workers"),
+        (dict(masks_per_image=0), "masks_per_image"),
         (dict(crop_scale=(0.5, 0.2)), "crop_scale"),
         (dict(crop_scale=(0.0, 1.0)), "crop_scale"),
         (dict(crop_scale=(0.5, 1.5)), "crop_scale"),

@@ -211,3 +211,23 @@ def test_targets_average_the_last_blocks_each_layer_normed(monkeypatch):
 def test_bad_regulariser_settings_name_the_parameter(kwargs, match):
     with pytest.raises(ValueError, match=match):
         IJEPA(**TINY_MODEL, **kwargs)
+
+
+def test_several_mask_sets_per_image_average_their_losses_over_one_target_pass():
+    torch.manual_seed(0)
+    model = IJEPA(**TINY_MODEL)
+    images = torch.randn(4, 3, 32, 32)
+    sampler = MultiBlockMaskSampler(4, target_scale=(0.1, 0.15), min_keep=2)
+    double = MaskCollator(sampler, masks_per_image=2)([(image, 0) for image in images])
+    del double["labels"]
+    single = [{name: value if name == "images" else value[r * 4:(r + 1) * 4] for name, value in double.items()}
+              for r in range(2)]
+    passes = []
+    handle = model.target_encoder.register_forward_hook(lambda mod, args, out: passes.append(args[0].size(0)))
+    loss = model.jepa_loss(double)
+    handle.remove()
+    assert passes == [4]  # one pass over the 4 images serves both mask sets
+    expected = (model.jepa_loss(single[0]) + model.jepa_loss(single[1])) / 2
+    assert torch.allclose(loss, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="masks_per_image"):
+        model.jepa_loss({**double, "context_indices": double["context_indices"][:6], "target_indices": double["target_indices"][:6]})

@@ -64,11 +64,22 @@ def test_directions_are_unit_vectors_fixed_by_the_seed():
 
 
 def test_characteristic_function_sums_match_the_definition():
-    x = torch.randn(10, 3)
-    t = torch.tensor([0.0, 0.5, 2.0])
-    cos_sum, sin_sum = epps_pulley_terms(x, t)
-    ecf = torch.exp(1j * x[..., None] * t).sum(0)
-    assert torch.allclose(cos_sum, ecf.real, atol=1e-5) and torch.allclose(sin_sum, ecf.imag, atol=1e-5)
+    x = 3 * torch.randn(1000, 3)
+    t = torch.arange(17) * 0.2
+    cos_sum, sin_sum = epps_pulley_terms(x, 0.2, 17)
+    ecf = torch.exp(1j * x.double()[..., None] * t.double()).sum(0)
+    assert torch.allclose(cos_sum.double(), ecf.real, atol=1e-3) and torch.allclose(sin_sum.double(), ecf.imag, atol=1e-3)
+
+
+def test_characteristic_function_sums_have_the_analytic_gradient():
+    x = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    t = torch.arange(5, dtype=torch.float64) * 0.7
+    weights_cos, weights_sin = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    cos_sum, sin_sum = epps_pulley_terms(x, 0.7, 5)
+    (grad,) = torch.autograd.grad((cos_sum * weights_cos + sin_sum * weights_sin).sum(), x)
+    angles = x.detach()[..., None] * t
+    expected = (-angles.sin() * t * weights_cos + angles.cos() * t * weights_sin).sum(-1)
+    assert torch.allclose(grad.double(), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs", [{"num_slices": 0}, {"num_points": 1}, {"t_max": 0.0}])

@@ -127,6 +127,9 @@ class IJEPADataModule(L.LightningDataModule):
         context_policy: how a batch holds contexts of different lengths: ``thin`` (official I-JEPA:
             every context cut at random to the batch's shortest) or ``pad`` (each image keeps its
             whole context, padded to the batch's longest, with ``context_mask`` in the batch).
+        masks_per_image: mask sets sampled per pretraining image; the model predicts each from its
+            own context against one target-encoder pass (data2vec 2.0's multi-mask). Validation
+            batches keep one, so ``val/loss`` does not depend on it.
         knn_batch_size: batch size of the probes' feature extraction.
         holdout_fraction: share of each class held out for probing when a folder has no val split
             (unlabelled folders: the share of the training images that val/loss reuses).
@@ -173,6 +176,7 @@ class IJEPADataModule(L.LightningDataModule):
         context_scale: tuple[float, float] = (0.85, 1.0),
         min_keep: int = 4,
         context_policy: str = "thin",
+        masks_per_image: int = 1,
         knn_batch_size: int = 256,
         holdout_fraction: float = 0.2,
         probe_root: str | None = None,
@@ -200,6 +204,8 @@ class IJEPADataModule(L.LightningDataModule):
         for name, value in (("batch_size", batch_size), ("knn_batch_size", knn_batch_size)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}.")
+        if masks_per_image < 1:
+            raise ValueError(f"masks_per_image must be >= 1, got {masks_per_image}.")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}.")
         if bad_images not in BAD_IMAGE_POLICIES:
@@ -467,7 +473,7 @@ class IJEPADataModule(L.LightningDataModule):
             batch_size=hp.batch_size,
             sampler=sampler,
             num_workers=workers,
-            collate_fn=MaskCollator(self.mask_sampler),
+            collate_fn=MaskCollator(self.mask_sampler, hp.masks_per_image),
             pin_memory=hp.pin_memory and torch.cuda.is_available(),
             drop_last=True,
             persistent_workers=workers > 0,

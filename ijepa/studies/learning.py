@@ -46,6 +46,8 @@ VARIANTS: dict[str, list[str]] = {
                      "--model.sigreg_projector=[512,128]"],
     "+sigreg_half_proj": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=tokens",
                           "--model.sigreg_projector=[512,128]", "--model.sigreg_projector_share=0.5"],
+    "+sigreg_multimask": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=tokens",
+                          "--data.masks_per_image=2"],
 }
 
 DATA: dict[str, list[str]] = {

@@ -1,0 +1,122 @@
+"""The package's import graph: imports flow one way, from plain PyTorch up to the CLI and studies.
+
+Every ``import ijepa...`` in every module, at the top or inside a function, is read from the
+source (no import is executed) and checked against the layers below. A module may import its
+own layer or any layer beneath it, never one above; within a layer the graph has no cycles.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ijepa"
+
+# Bottom to top. A module belongs to the first entry that is its name or a parent package of it.
+LAYERS: list[tuple[str, ...]] = [
+    ("ijepa.nn",),  # plain PyTorch: tokens, attention, positions, resizing of tensors
+    ("ijepa.regularizers", "ijepa.schedules", "ijepa.masks", "ijepa.pictures"),  # plain functions and modules
+    ("ijepa.checkpoint", "ijepa.data"),  # checkpoint files and their adaptation; data sources and loaders
+    ("ijepa.module",),  # the LightningModule
+    ("ijepa.callbacks",),
+    ("ijepa.cli", "ijepa.__main__"),
+    ("ijepa.explore", "ijepa.studies", "ijepa.benchmark"),
+    ("ijepa",),  # the package's own __init__
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def layer_of(name: str) -> int:
+    for index, prefixes in enumerate(LAYERS):
+        if any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes):
+            return index
+    raise AssertionError(f"{name} is in no layer of LAYERS: add it where it belongs")
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def imported_modules(source: str, name: str, is_package: bool = False) -> list[tuple[str, int, bool]]:
+    """``(module, line, at_top)`` of every ijepa import in the source of module ``name``, relative
+    imports resolved; ``at_top`` is False for an import inside a function or class."""
+    package = name if is_package else name.rpartition(".")[0]
+    tree = ast.parse(source)
+    top = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from ijepa.nn import vit` imports the submodule ijepa.nn.vit too
+            targets = [target] + [f"{target}.{alias.name}" for alias in node.names if _is_module(f"{target}.{alias.name}")]
+        else:
+            continue
+        found += [(t, node.lineno, id(node) in top) for t in targets if t == "ijepa" or t.startswith("ijepa.")]
+    return found
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+GRAPH = {module_name(p): imported_modules(p.read_text(), module_name(p), p.name == "__init__.py") for p in SOURCES}
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_no_module_imports_from_a_layer_above_its_own(path):
+    importer = module_name(path)
+    upward = [f"line {line}: {module} (layer {layer_of(module)} > {layer_of(importer)})"
+              for module, line, _ in GRAPH[importer] if layer_of(module) > layer_of(importer)]
+    assert not upward, f"{importer} imports upward:\n" + "\n".join(upward)
+
+
+def test_the_import_graph_has_no_cycles():
+    edges = {name: {module for module, _, _ in imports if module in GRAPH and module != name}
+             for name, imports in GRAPH.items()}
+    # a package's __init__ re-exporting its submodules is not a cycle with them
+    for name in edges:
+        edges[name] = {m for m in edges[name] if not name.startswith(m + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_ijepa_modules_are_imported_at_the_top_of_a_file(path):
+    # a function-level import hides an edge from a reader (and often dodges a cycle)
+    hidden = [f"line {line}: {module}" for module, line, at_top in GRAPH[module_name(path)] if not at_top]
+    assert not hidden, f"{module_name(path)} imports inside a function:\n" + "\n".join(hidden)
+
+
+def test_the_checker_finds_upward_hidden_and_relative_imports():
+    source = "from . import vit\n\ndef f():\n    from ijepa.module import IJEPA\n"
+    found = imported_modules(source, "ijepa.nn.probe")
+    assert ("ijepa.nn.vit", 1, True) in found and ("ijepa.module", 4, False) in found
+    assert layer_of("ijepa.nn.position") < layer_of("ijepa.masks") < layer_of("ijepa.module") < layer_of("ijepa.cli")
