@@ -16,25 +16,33 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
+from ijepa.callbacks.features import FeatureWriter
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.module import IJEPA
+
+# (source, target): the target is set from the source and cannot be set itself. The image size
+# and frame count belong to the data, the patch size and tubelet depth to the model; each is set
+# once and copied to the other side, so masks and model always agree on the grid.
+LINKS = (
+    ("data.image_size", "model.image_size"),
+    ("model.patch_size", "data.patch_size"),
+    ("data.num_frames", "model.num_frames"),
+    ("model.tubelet_size", "data.tubelet_size"),
+)
 
 
 class IJEPACLI(LightningCLI):
     """LightningCLI whose model and data share one definition of the patch grid."""
 
     def add_arguments_to_parser(self, parser) -> None:
-        # The image size belongs to the data, the patch size to the model; each is set once and
-        # copied to the other, so masks and model always agree on the grid.
-        parser.link_arguments("data.image_size", "model.image_size")
-        parser.link_arguments("model.patch_size", "data.patch_size")
-        # Clips: the frame count belongs to the data, the tubelet depth to the model.
-        parser.link_arguments("data.num_frames", "model.num_frames")
-        parser.link_arguments("model.tubelet_size", "data.tubelet_size")
+        for source, target in LINKS:
+            parser.link_arguments(source, target)
         # Always on, configurable under these keys: checkpoint folder checked before any work,
         # a checkpoint on SIGTERM (ijepa.callbacks.checkpoint_safety).
         parser.add_lightning_class_args(CheckpointFolderCheck, "checkpoint_folder")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
+        # `ijepa predict` writes its features and labels to a file (ijepa.callbacks.features).
+        parser.add_lightning_class_args(FeatureWriter, "feature_writer")
 
     def parse_arguments(self, parser, args) -> None:
         # Kept to tell, on resume, which model values the run sets itself (see _parse_ckpt_path).
@@ -42,6 +50,7 @@ class IJEPACLI(LightningCLI):
             self._raw_args = sys.argv[1:]
         else:  # a dict or Namespace of arguments names no flags
             self._raw_args = list(args) if isinstance(args, (list, tuple)) else []
+        refuse_optimizer_options(self._raw_args)
         super().parse_arguments(parser, args)
 
     def _explicit_model_keys(self, subcommand: str) -> set[str]:
@@ -104,6 +113,31 @@ class IJEPACLI(LightningCLI):
             raise
 
 
+OPTIMIZER_KEYS = ("optimizer", "lr_scheduler")
+
+
+def refuse_optimizer_options(args: list[str]) -> None:
+    """Lightning's ``--optimizer`` / ``--lr_scheduler`` (flags or top-level keys of a ``--config``
+    file) would replace the module's AdamW, whose parameter groups carry the weight-decay schedule
+    and the no-decay set, and whose learning rate follows the warm-up + cosine schedule. The CLI
+    does not offer them; say so, and what to set instead, rather than fail mid-step."""
+    named = {arg[2:].split("=")[0].split(".")[0] for arg in args if arg.startswith("--")} & set(OPTIMIZER_KEYS)
+    for index, arg in enumerate(args):
+        path = arg.split("=", 1)[1] if arg.startswith("--config=") else (
+            args[index + 1] if arg == "--config" and index + 1 < len(args) else None)
+        if path and Path(path).is_file():
+            with open(path) as f:
+                section = yaml.safe_load(f)
+            if isinstance(section, dict):
+                named |= set(section) & set(OPTIMIZER_KEYS)
+    if named:
+        raise ValueError(
+            f"{' and '.join(sorted(named))} cannot be set: the model builds its own AdamW (parameter groups with and without "
+            f"weight decay, a scheduled weight decay, warm-up + cosine learning rate). Set model.lr, model.start_lr, "
+            f"model.final_lr, model.warmup_steps, model.weight_decay, model.final_weight_decay and model.betas instead."
+        )
+
+
 def _differ(run_value, stored_value) -> bool:
     # Checkpoints store tuples as lists (weights_only loads); compare by value.
     if isinstance(run_value, tuple):
@@ -119,7 +153,8 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> IJEPACLI:
         IJEPA,
         IJEPADataModule,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"plugins": [{"class_path": "ijepa.checkpoint_io.AtomicCheckpointIO"}]},
+        auto_configure_optimizers=False,  # the module owns its optimizer (refuse_optimizer_options)
+        trainer_defaults={"plugins": [{"class_path": "ijepa.checkpoint.AtomicCheckpointIO"}]},
         args=args,
         run=run,
     )

@@ -1,6 +1,7 @@
-"""The computations behind the notebooks in ``docs/notebooks/``: patch grids, mask statistics,
-position-embedding maps, RoPE scores by offset and an encoder report. Plain functions on tensors,
-tested in ``tests/test_explore.py``; the notebooks only lay them out.
+"""The computations behind the notebooks in ``docs/notebooks/``: mask statistics, position-embedding
+maps, RoPE scores by offset, loading a trained model and an encoder report. Plain functions on
+tensors, tested in ``tests/test_explore.py``; the notebooks only lay them out, with the image
+helpers of :mod:`ijepa.pictures`.
 
 Images are float ``[3, H, W]`` in [0, 1]; maps are ``[G, G]`` over the patch grid, row-major
 (``i = r * G + c``).
@@ -14,58 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from ijepa.masks import MultiBlockMaskSampler
+from ijepa.module import IJEPA
 from ijepa.nn.attention import apply_rotary
 from ijepa.nn.position import AdditivePositionEmbedding, PositionEncoding
-
-
-def to_png(image: torch.Tensor) -> bytes:
-    """``[3 or 1, H, W]`` in [0, 1] -> PNG bytes (for ``marimo.image`` or a file)."""
-    import io
-
-    from torchvision.transforms.v2.functional import to_pil_image
-
-    pixels = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
-    buffer = io.BytesIO()
-    to_pil_image(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def heat_image(values: torch.Tensor, cell: int = 16, low: float | None = None, high: float | None = None) -> torch.Tensor:
-    """A ``[G_h, G_w]`` map -> ``[3, G_h * cell, G_w * cell]`` image, dark (low) to bright yellow
-    (high), scaled between ``low`` and ``high`` (default: the map's finite min and max); NaN is grey."""
-    grid = values.detach().float().cpu()
-    finite = torch.isfinite(grid)
-    if low is None or high is None:
-        low_, high_ = (float(grid[finite].min()), float(grid[finite].max())) if finite.any() else (0.0, 1.0)
-        low = low_ if low is None else low
-        high = high_ if high is None else high
-    scaled = ((grid - low) / (high - low + 1e-12)).clamp(0, 1)
-    image = torch.stack([scaled, scaled**2, 0.3 * (1 - scaled)])  # a simple perceptual-ish ramp
-    image = torch.where(finite, image, torch.full_like(image, 0.5))
-    return image.repeat_interleave(cell, 1).repeat_interleave(cell, 2)
-
-
-def patch_grid_image(image: torch.Tensor, patch_size: int, scale: int = 4, indices: bool = True) -> torch.Tensor:
-    """``image [3, H, W]`` upscaled ``scale`` times, with white lines between patches and, if
-    ``indices``, each patch's row-major index ``r * G + c`` written in its top-left corner."""
-    if image.dim() != 3 or image.size(1) % patch_size or image.size(2) % patch_size:
-        raise ValueError(f"image must be [C, H, W] with H and W multiples of patch_size={patch_size}, got {tuple(image.shape)}.")
-    big = image.detach().float().cpu().repeat_interleave(scale, 1).repeat_interleave(scale, 2).clone()
-    step = patch_size * scale
-    big[:, ::step, :] = 1.0
-    big[:, :, ::step] = 1.0
-    if indices:
-        from PIL import ImageDraw
-        from torchvision.transforms.v2.functional import pil_to_tensor, to_pil_image
-
-        picture = to_pil_image(big)
-        draw = ImageDraw.Draw(picture)
-        grid_w = image.size(2) // patch_size
-        for r in range(image.size(1) // patch_size):
-            for c in range(grid_w):
-                draw.text((c * step + 2, r * step + 1), str(r * grid_w + c), fill=(255, 255, 0))
-        big = pil_to_tensor(picture).float() / 255
-    return big
 
 
 def mask_statistics(sampler: MultiBlockMaskSampler, batch_size: int = 64, num_batches: int = 20, seed: int = 0) -> dict:
@@ -136,8 +88,6 @@ def load_model(checkpoint: str, **overrides):
     """An :class:`ijepa.module.IJEPA` from a Lightning checkpoint, on the CPU, in eval mode;
     ``overrides`` (e.g. ``image_size=96``) go to ``load_from_checkpoint``, which adapts the
     weights to a new resolution."""
-    from ijepa.module import IJEPA
-
     return IJEPA.load_from_checkpoint(checkpoint, map_location="cpu", **overrides).eval()
 
 

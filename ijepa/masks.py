@@ -1,4 +1,4 @@
-"""I-JEPA multi-block masks, sampled in the DataLoader's collate function.
+"""I-JEPA multi-block masks, sampled per batch by the collator (:mod:`ijepa.data.collate`).
 
 Per image: ``num_target_blocks`` rectangular target blocks and one large context block from
 which every target patch is removed. Block shapes are drawn once per batch (as in I-JEPA), so
@@ -17,7 +17,6 @@ holds them:
   tokens) so the encoder and predictor ignore the padding.
 
 ``thin`` is the default because it measured better (``docs/training.md``).
-
 """
 
 from __future__ import annotations
@@ -25,10 +24,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-from torch.utils.data import default_collate
-
-from ijepa.nn.checks import check_indices
 
 CONTEXT_POLICIES = ("pad", "thin")
 
@@ -270,50 +265,3 @@ class SpatioTemporalMaskSampler(MultiBlockMaskSampler):
                 f"target_scale, temporal_scale or min_keep."
             )
         return self.batch_contexts(context_masks, generator), target_indices
-
-
-class MaskCollator:
-    """DataLoader ``collate_fn``: stacks ``(image, label)`` samples (or ``(clip, label,
-    frame_times)``) and samples masks for the batch.
-
-    Returns a dict with ``images [B, C, H, W]`` (clips ``[B, C, T, H, W]``), ``labels [B]``,
-    ``context_indices [B, Kc]``, ``target_indices [B, M, Kt]``, with the sampler's
-    ``context_policy="pad"`` also ``context_mask [B, Kc]`` (True for real context tokens), and, for
-    clips that carry them, ``frame_times [B, T]`` (seconds). With ``masks_per_image = R > 1`` the
-    mask tensors have ``R * B`` rows: row ``r * B + i`` is the ``r``-th mask set of image ``i`` (the
-    first ``B`` rows are an ordinary batch's masks), so one target-encoder pass serves ``R``
-    predictions per image (data2vec 2.0's multi-mask). Runs in the DataLoader's worker processes. Samples whose last
-    element is a per-sample seed (an ``int`` after the label, from
-    :class:`ijepa.data.sampling.SeededSamples`) seed the batch's masks from all of them, so masks
-    never depend on the worker or the global RNG.
-    """
-
-    def __init__(self, sampler: MultiBlockMaskSampler, masks_per_image: int = 1):
-        if masks_per_image < 1:
-            raise ValueError(f"masks_per_image must be >= 1, got {masks_per_image}.")
-        self.sampler = sampler
-        self.masks_per_image = masks_per_image
-
-    def __call__(self, samples: list) -> dict[str, torch.Tensor]:
-        generator = None
-        if len(samples[0]) > 2 and isinstance(samples[0][-1], int):
-            from ijepa.data.sampling import mix_seed
-
-            generator = torch.Generator().manual_seed(mix_seed(*(sample[-1] for sample in samples)))
-            samples = [sample[:-1] for sample in samples]
-        batch = collate_samples(samples)
-        context_indices, target_indices = self.sampler(self.masks_per_image * batch["images"].size(0), generator)
-        # The range check the model skips in its hot path, here on CPU tensors (no device sync).
-        check_indices(context_indices, self.sampler.num_patches, "context_indices")
-        check_indices(target_indices.flatten(1), self.sampler.num_patches, "target_indices")
-        masks = {"context_indices": context_indices, "target_indices": target_indices}
-        if self.sampler.context_policy == "pad":
-            masks["context_mask"] = context_padding_mask(context_indices)
-        return {**batch, **masks}
-
-
-def collate_samples(samples: list) -> dict[str, torch.Tensor]:
-    """Stack ``(image, label)`` or ``(clip, label, frame_times)`` samples into ``{"images",
-    "labels"}`` (and ``"frame_times" [B, T]``)."""
-    columns = default_collate(samples)
-    return dict(zip(("images", "labels", "frame_times"), columns))

@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from ijepa.callbacks.ema import EMATargetUpdate
+from ijepa.checkpoint import resize_optimizer_states, resize_state_dict
 from ijepa.nn.checks import index_checks
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.predictor import Predictor
-from ijepa.nn.resize import INTERPOLATION_MODES, resize_state_dict
+from ijepa.nn.resize import INTERPOLATION_MODES
+from ijepa.nn.video import VideoVisionTransformer, tubelet_times
 from ijepa.nn.vit import VisionTransformer, block_token_outputs
 from ijepa.regularizers import Projector, SIGReg
 from ijepa.schedules import cosine_schedule, warmup_cosine_schedule
@@ -60,8 +61,9 @@ class IJEPA(L.LightningModule):
         predictor_num_heads: predictor attention heads.
         predictor_pos_embed: predictor position encoding (same names as ``pos_embed``).
         predictor_mode: per_block (official: one sequence per target block, context repeated) or
-            one_pass (all blocks in one sequence under a block attention mask; the context no
-            longer attends to the queries; faster, different math: ``docs/benchmarks.md``).
+            one_pass (the context's layers run once per image and attend to the context only;
+            each block's queries attend to the context and their own block; computed without an
+            attention mask; less work per step, different math: ``docs/benchmarks.md``).
         loss: smooth_l1 (I-JEPA) or mse, on layer-normed target features.
         target_last_blocks: targets are the average of the last n target-encoder blocks' outputs,
             each layer-normed (data2vec-style; 1 is I-JEPA's last block only).
@@ -170,8 +172,6 @@ class IJEPA(L.LightningModule):
         if num_frames < 0:
             raise ValueError(f"num_frames must be 0 (images) or a positive frame count, got {num_frames}.")
         if num_frames:
-            from ijepa.nn.video import VideoVisionTransformer
-
             self.encoder = VideoVisionTransformer(
                 num_frames, image_size, tubelet_size, patch_size, in_channels, embed_dim, depth, num_heads,
                 mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=pos_embed, rescale_residuals=rescale_residuals,
@@ -241,8 +241,6 @@ class IJEPA(L.LightningModule):
             return {}
         if not self.hparams.num_frames:
             raise ValueError("frame_times were given for an image model (model.num_frames=0).")
-        from ijepa.nn.video import tubelet_times
-
         return {"frame_times": tubelet_times(frame_times, self.hparams.tubelet_size)}
 
     def forward(self, images: torch.Tensor, frame_times: torch.Tensor | None = None) -> torch.Tensor:
@@ -254,13 +252,14 @@ class IJEPA(L.LightningModule):
         """The training loss of one masked batch (see the class docstring for the shapes)."""
         return self.jepa_step(batch)[0]
 
-    def jepa_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The loss and the target encoder's features of every patch ``[B, N, D]`` (its last block,
-        before the loss's layer norm), for monitors that need them. With SIGReg on, the loss is
-        ``(1 - w) * jepa + w * sigreg`` and both parts are logged (``*/jepa_loss``, ``*/sigreg``)."""
+    def predict_targets(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One masked batch through both branches: ``predictions`` and ``targets``
+        ``[R * B, M, Kt, D]`` (targets layer-normed, without gradient), the context encoder's
+        output ``context [R * B, Kc, D]``, and the target encoder's ``target_features [B, N, D]``
+        (its last block, before the layer norm). ``R`` is the number of mask sets per image."""
         images = batch["images"]  # or clips [B, C, T, H, W]
         context_indices, target_indices = batch["context_indices"], batch["target_indices"]
-        context_mask = batch.get("context_mask")  # [B, Kc], True for real tokens, when padded
+        context_mask = batch.get("context_mask")  # [R * B, Kc], True for real tokens, when padded
         rows, num_blocks, num_targets = target_indices.shape
         # Clips may carry frame_times [B, T] (seconds), which M-RoPE turns into temporal positions.
         times = self.token_times(batch.get("frame_times"))
@@ -288,10 +287,20 @@ class IJEPA(L.LightningModule):
                 times = {name: value.repeat(repeats, *(1,) * (value.dim() - 1)) for name, value in times.items()}
             context = self.encoder(images, context_indices, token_mask=context_mask, **times)
             predictions = self.predictor(context, context_indices, target_indices, context_mask=context_mask, **times)
-        if self.hparams.loss == "mse":
-            loss = F.mse_loss(predictions.float(), targets.float())
-        else:
-            loss = F.smooth_l1_loss(predictions.float(), targets.float())
+        return {"predictions": predictions, "targets": targets, "context": context, "target_features": target_features}
+
+    def prediction_loss(self, predictions: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """The JEPA loss (``model.loss``: smooth L1 or MSE) between predictions and targets, in float32."""
+        loss_fn = F.mse_loss if self.hparams.loss == "mse" else F.smooth_l1_loss
+        return loss_fn(predictions.float(), targets.float(), reduction=reduction)
+
+    def jepa_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss and the target encoder's features of every patch ``[B, N, D]`` (its last block,
+        before the loss's layer norm), for monitors that need them. With SIGReg on, the loss is
+        ``(1 - w) * jepa + w * sigreg`` and both parts are logged (``*/jepa_loss``, ``*/sigreg``)."""
+        out = self.predict_targets(batch)
+        context, target_features, context_mask = out["context"], out["target_features"], batch.get("context_mask")
+        loss = self.prediction_loss(out["predictions"], out["targets"])
         if self.sigreg is not None:
             weight = self.hparams.sigreg_weight
             kinds = ("tokens", "pooled") if self.hparams.sigreg_input == "both" else (self.hparams.sigreg_input,)
@@ -395,15 +404,17 @@ class IJEPA(L.LightningModule):
     def parameter_groups(self) -> tuple[list[str], list[str]]:
         """Names of the trainable parameters with and without weight decay, in optimizer order.
 
-        No weight decay on biases, norms, position tables or the mask token (all < 2-D or
-        embeddings), as in I-JEPA and timm.
+        No weight decay on biases and norms (every parameter under 2-D), nor on what a submodule
+        lists in its ``no_weight_decay()`` (position tables, the mask token), as in I-JEPA and timm.
         """
+        exempt = {f"{prefix}.{name}" if prefix else name
+                  for prefix, module in self.named_modules() if callable(getattr(module, "no_weight_decay", None))
+                  for name in module.no_weight_decay()}
         decay, no_decay = [], []
         for name, param in self.named_parameters():
             if not param.requires_grad:
                 continue
-            is_table = "position" in name or "mask_token" in name
-            (no_decay if param.ndim < 2 or is_table else decay).append(name)
+            (no_decay if param.ndim < 2 or name in exempt else decay).append(name)
         return decay, no_decay
 
     def build_optimizer(self) -> torch.optim.AdamW:
@@ -500,7 +511,7 @@ class IJEPA(L.LightningModule):
         changed = resize_state_dict(self, checkpoint["state_dict"], old_grid, old_patch, settings["mode"], settings["antialias"])
         if not changed:
             return
-        self._resize_optimizer_states(checkpoint, changed)
+        resize_optimizer_states(checkpoint, changed, [name for group in self.parameter_groups() for name in group])
         new_grid = self.encoder.grid if self.hparams.num_frames else (self.encoder.patch_embed.grid_size,) * 2
         lines = [f"  {key}: {list(old)} -> {list(new)}" for key, (old, new, _) in changed.items()]
         frames = f", num_frames={saved.get('num_frames')}" if self.hparams.num_frames else ""
@@ -511,24 +522,6 @@ class IJEPA(L.LightningModule):
             f"(grid {'x'.join(map(str, new_grid))}) with {settings['mode']} interpolation:\n" + "\n".join(lines)
         )
 
-    def _resize_optimizer_states(self, checkpoint: dict, changed: dict) -> None:
-        # AdamW moments of a resized parameter get the parameter's own (linear) map; the second
-        # moment is clamped at 0 since bicubic weights can be negative. Approximate, but it keeps
-        # the step count and scale, unlike resetting the moments.
-        states = checkpoint.get("optimizer_states") or []
-        if not states:
-            return
-        order = [name for group in self.parameter_groups() for name in group]
-        state = states[0].get("state", {})
-        for index, name in enumerate(order):
-            if name not in changed or index not in state:
-                continue
-            resizer = changed[name][2]
-            for moment, value in state[index].items():
-                if torch.is_tensor(value) and tuple(value.shape) == changed[name][0]:
-                    value = resizer(value)
-                    state[index][moment] = value.clamp_min(0) if moment == "exp_avg_sq" else value
-
     def on_train_start(self) -> None:
         if self.trainer.ckpt_path:
             # LambdaLR restored its base lr from the checkpoint; a resumed run may have a new
@@ -538,7 +531,8 @@ class IJEPA(L.LightningModule):
                 scheduler.base_lrs = [self.hparams.lr if self.hparams.lr > 0 else 1.0] * len(scheduler.base_lrs)
                 for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
                     group["lr"] = base * factor(scheduler.last_epoch)
-        if not any(isinstance(cb, EMATargetUpdate) for cb in self.trainer.callbacks):
+        # Any callback that declares it moves the target (EMATargetUpdate does) will do.
+        if not any(getattr(cb, "updates_target_encoder", False) for cb in self.trainer.callbacks):
             rank_zero_warn(
                 "No EMATargetUpdate callback: the target encoder will stay at its initial weights. "
                 "Add `- class_path: ijepa.callbacks.EMATargetUpdate` to trainer.callbacks."

@@ -15,7 +15,7 @@ from ijepa.module import IJEPA
 def test_benchmark_prints_a_table_and_one_json_line(capsys):
     result = main(["--config", str(Path(__file__).with_name("tiny.yaml")), "--steps", "2", "--warmup", "1", "--mask-repeats", "5", "--knn-limit", "64"])
     out = capsys.readouterr().out
-    line = next(l for l in out.splitlines() if l.startswith("BENCHMARK "))
+    line = next(text for text in out.splitlines() if text.startswith("BENCHMARK "))
     assert json.loads(line[len("BENCHMARK "):]) == json.loads(json.dumps(result))
     for key in ("images_per_s", "baseline_images_per_s", "speedup", "flops_per_step", "peak_memory_mb",
                 "masks_per_s", "baseline_masks_per_s", "knn_seconds", "worker_images_per_s", "one_pass_images_per_s"):
@@ -50,7 +50,7 @@ def test_index_checks_are_off_in_the_step_unless_debugging():
     for debug in (False, True):
         model = IJEPA(**TINY_MODEL, debug_checks=debug)
         seen = []
-        model.encoder.register_forward_pre_hook(lambda module, args: seen.append(index_checks_enabled()))
+        model.encoder.register_forward_pre_hook(lambda module, args, seen=seen: seen.append(index_checks_enabled()))
         model.jepa_loss(batch)
         assert seen == [debug]
     assert index_checks_enabled()  # restored outside the step

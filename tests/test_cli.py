@@ -107,20 +107,33 @@ def test_test_and_predict_from_checkpoint(fitted_run):
     output = run_cli("test", "--config", str(CONFIG), "--ckpt_path", str(ckpt), cwd=cwd)
     assert "test/knn_top1" in output and "test/loss" in output
 
-    import lightning as L
+    out = cwd / "predicted"
+    output = run_cli("predict", "--config", str(CONFIG), "--ckpt_path", str(ckpt),
+                     f"--feature_writer.output_dir={out}", cwd=cwd)
+    written = torch.load(out / "features.pt", weights_only=True)
+    features, labels = written["features"], written["labels"]
+    assert features.shape == (160, 32) and labels.shape == (160,)  # the held-out split, width 32
+    assert torch.isfinite(features).all() and features.std(0).min() > 0
+    assert str(out / "features.pt") in output
 
     from ijepa.data import IJEPADataModule
-    from ijepa.module import IJEPA
 
-    model = IJEPA.load_from_checkpoint(ckpt, weights_only=True)
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, knn_batch_size=64,
-                           num_workers=0, crop_scale=None, shapes_train_size=64, shapes_val_size=100)
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, default_root_dir=cwd)
-    predictions = trainer.predict(model, datamodule=data)
-    features = torch.cat([p["features"] for p in predictions])
-    labels = torch.cat([p["labels"] for p in predictions])
-    assert features.shape == (100, 32) and labels.shape == (100,)
-    assert torch.isfinite(features).all()
+    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, num_workers=0, shapes_train_size=640,
+                           shapes_val_size=160)
+    data.setup("predict")
+    assert labels.tolist() == torch.cat([batch["labels"] for batch in data.predict_dataloader()]).tolist()
+
+
+@pytest.mark.parametrize("refused", [["--optimizer=Adam"], ["--lr_scheduler.class_path=StepLR"], "config"])
+def test_optimizer_and_scheduler_options_are_refused_naming_what_to_set(tmp_path, refused):
+    from ijepa.cli import build_cli
+
+    if refused == "config":
+        config = tmp_path / "optimizer.yaml"
+        config.write_text("optimizer:\n  class_path: torch.optim.SGD\n")
+        refused = ["--config", str(config)]
+    with pytest.raises(ValueError, match=r"(optimizer|lr_scheduler) cannot be set.*model\.lr"):
+        build_cli(["fit", "--config", str(CONFIG), *refused], run=False)
 
 
 def test_sigreg_keeps_the_features_from_collapsing_dimensionally(tmp_path):

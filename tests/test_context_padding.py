@@ -3,8 +3,8 @@ position encoding, in the encoder and in both predictor modes."""
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL
+
 from ijepa.masks import MultiBlockMaskSampler, context_padding_mask
 from ijepa.module import IJEPA
 from ijepa.nn.position import POSITION_EMBEDDINGS

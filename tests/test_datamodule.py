@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Subset
 
-from ijepa.data.datamodule import DATASETS, IMAGENET_MEAN, IMAGENET_STD, IJEPADataModule
+from ijepa.data.datamodule import DATASETS, IJEPADataModule
+from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 STL_SIZE = 96
 STL_GRID = STL_SIZE // 8
@@ -321,7 +322,7 @@ def test_imagefolder_train_val_layout_uses_the_folders(tmp_path, held_out):
     assert markers(dm.knn_train_dataloader()) == {10}
     assert markers(dm.knn_test_dataloader()) == {200}
     assert markers(dm.val_dataloader()) == {200}
-    labels = sorted(int(l) for b in dm.knn_test_dataloader() for l in b["labels"])
+    labels = sorted(int(label) for b in dm.knn_test_dataloader() for label in b["labels"])
     assert labels == [0, 0, 1, 1, 2, 2]
 
 

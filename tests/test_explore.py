@@ -6,14 +6,13 @@ import torch
 from ijepa.explore import (
     encoder_report,
     mask_statistics,
-    patch_grid_image,
     position_channel_map,
     position_similarity_map,
     rope_offset_scores,
-    to_png,
 )
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.nn import VisionTransformer, build_position_embedding
+from ijepa.pictures import patch_grid_image, to_png
 
 
 def test_png_round_trip():
@@ -40,7 +39,9 @@ def test_patch_grid_lines_and_row_major_labels():
             cell = labelled[:, r * 32 + 1 : (r + 1) * 32, c * 32 + 1 : (c + 1) * 32]
             assert cell.sum() > 0
     # wider labels for two-digit indices: patch 23 (r=3, c=5) uses more ink than patch 1
-    ink = lambda r, c: labelled[:, r * 32 + 1 : (r + 1) * 32, c * 32 + 1 : (c + 1) * 32].sum()
+    def ink(r, c):
+        return labelled[:, r * 32 + 1 : (r + 1) * 32, c * 32 + 1 : (c + 1) * 32].sum()
+
     assert ink(3, 5) > ink(0, 1)
     with pytest.raises(ValueError, match="multiples of patch_size=8"):
         patch_grid_image(torch.zeros(3, 30, 32), 8)

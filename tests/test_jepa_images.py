@@ -8,11 +8,11 @@ from conftest import TINY_MODEL
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ijepa.callbacks import JEPAImages, mask_overlay, position_loss_map
-from ijepa.callbacks.jepa_images import CONTEXT_COLOUR, TARGET_COLOURS
+from ijepa.callbacks import JEPAImages, position_loss_map
 from ijepa.data import IJEPADataModule
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
+from ijepa.pictures import CONTEXT_COLOUR, TARGET_COLOURS, clip_mask_overlay, mask_overlay
 
 
 def test_overlay_marks_exactly_the_sampled_patches():
@@ -62,8 +62,6 @@ def test_callback_logs_images_and_histograms(tmp_path):
 
 
 def test_clip_overlay_marks_each_time_slice():
-    from ijepa.callbacks.jepa_images import clip_mask_overlay
-
     patch, tubelet = 4, 2
     clips = torch.full((1, 3, 4, 8, 8), 0.5)  # grid (2, 2, 2): token (t, r, c) = 4t + 2r + c
     context = torch.tensor([[0, 7]])  # (0, 0, 0) and (1, 1, 1)

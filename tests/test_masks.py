@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from ijepa.masks import MaskCollator, MultiBlockMaskSampler, context_padding_mask
+from ijepa.data.collate import MaskCollator
+from ijepa.masks import MultiBlockMaskSampler, context_padding_mask
 
 
 @pytest.mark.parametrize("policy", ["pad", "thin"])
@@ -52,7 +53,7 @@ def test_pad_keeps_every_context_patch_that_thin_cuts():
         assert thinned.shape[1] == int(real.sum(1).min())  # thin keeps the batch's shortest
         kept_pad += int(real.sum())
         kept_thin += thinned.numel()
-    # thin discards a large share of the context on a 12x12 grid (issue 15 measured 32-41%)
+    # thin discards a large share of the context on a 12x12 grid (measured: 32-41%, docs/data_and_masks.md)
     assert 0.2 < 1 - kept_thin / kept_pad < 0.5
 
 

@@ -1,11 +1,14 @@
+import warnings
+
 import lightning as L
 import pytest
 import torch
+from conftest import TINY_MODEL
 from torch.utils.data import DataLoader
 
-from conftest import TINY_MODEL
 from ijepa.callbacks import EMATargetUpdate, ema_update_
-from ijepa.masks import MaskCollator, MultiBlockMaskSampler
+from ijepa.data.collate import MaskCollator
+from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
 
 
@@ -231,3 +234,33 @@ def test_several_mask_sets_per_image_average_their_losses_over_one_target_pass()
     assert torch.allclose(loss, expected, atol=1e-6)
     with pytest.raises(ValueError, match="masks_per_image"):
         model.jepa_loss({**double, "context_indices": double["context_indices"][:6], "target_indices": double["target_indices"][:6]})
+
+
+@pytest.mark.parametrize("with_ema", [False, True])
+def test_fit_warns_when_no_callback_moves_the_target_encoder(tmp_path, with_ema):
+    trainer = L.Trainer(max_steps=1, callbacks=[EMATargetUpdate()] if with_ema else [], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(IJEPA(**TINY_MODEL), train_dataloaders=random_loader(num_images=8))
+    warned = any("target encoder will stay at its initial weights" in str(w.message) for w in caught)
+    assert warned != with_ema
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "learned_2d", "sincos", "rope_axial", "rope_mixed", "peg", "relative_bias"])
+def test_weight_decay_spares_biases_norms_tables_and_the_mask_token_not_kernels(pos_embed):
+    model = IJEPA(**{**TINY_MODEL, "pos_embed": pos_embed, "predictor_pos_embed": pos_embed})
+    decay, no_decay = model.parameter_groups()
+    params = dict(model.named_parameters())
+    assert sorted(decay + no_decay) == sorted(n for n, p in params.items() if p.requires_grad)
+    for name in no_decay:
+        table = ".position." in name and not name.endswith("conv.weight")
+        assert params[name].ndim < 2 or table or name == "predictor.mask_token", name
+    for name in decay:
+        assert params[name].ndim >= 2 and name != "predictor.mask_token"
+        assert ".position." not in name or name.endswith("conv.weight"), name  # PEG's kernel decays
+    if pos_embed == "peg":
+        assert "encoder.transformer.position.conv.weight" in decay
+    if pos_embed in ("learned", "learned_2d", "relative_bias", "rope_mixed"):
+        assert any(".position." in name and params[name].ndim >= 2 for name in no_decay)

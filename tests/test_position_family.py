@@ -183,7 +183,8 @@ def test_vit_style_broadcast_add_with_prefix_tokens():
 
 
 def test_cosine_similarity_grid_is_vit_figure_7():
-    from ijepa.nn import cosine_similarity_grid, sinusoidal_2d_grid
+    from ijepa.nn import sinusoidal_2d_grid
+    from ijepa.pictures import cosine_similarity_grid
 
     g_h, g_w = 3, 4
     table = sinusoidal_2d_grid(g_h, g_w, 32)

@@ -1,4 +1,4 @@
-"""Data faults from the CLI fault sweep (issue 16): one class index for every split, every PIL image
+"""Data faults from the CLI fault sweep: one class index for every split, every PIL image
 mode read as 8-bit RGB, unlabelled folders, and a batch larger than the data. The CLI tests run
 ``ijepa fit`` in-process for a few steps of a tiny model."""
 

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY_MODEL
 
+from ijepa.checkpoint import resize_state_dict
 from ijepa.module import IJEPA
 from ijepa.nn import (
     POSITION_EMBEDDINGS,
@@ -18,7 +19,6 @@ from ijepa.nn.resize import (
     interpolate_relative_bias_table,
     resize_patch,
     resize_patch_embed_kernel,
-    resize_state_dict,
 )
 
 

@@ -4,8 +4,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
+from ijepa.data.collate import MaskCollator
 from ijepa.data.sampling import EpochSampler, SeededSamples, mix_seed
-from ijepa.masks import MaskCollator, MultiBlockMaskSampler
+from ijepa.masks import MultiBlockMaskSampler
 
 
 class Augmented(torch.utils.data.Dataset):

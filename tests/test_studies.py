@@ -1,5 +1,7 @@
 """The scripts that regenerate the documented tables read what the runs log."""
 
+from pathlib import Path
+
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
@@ -117,3 +119,40 @@ def test_mask_coverage_study_matches_the_placements_it_compares():
     assert ours[3:5].mean() > ours[0].mean() and clamped[0].mean() > ours[0].mean()
     sizes = context_sizes(8, 20, 32)
     assert sizes["thin_mean"] < sizes["pad_mean"] and 0 < sizes["discarded"] < 1
+
+
+def _documented_options() -> list[tuple[str, str]]:
+    rows = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text().splitlines()
+    options = []
+    for row in rows:
+        cells = [cell.strip() for cell in row.split(" | ")]
+        if row.startswith("| `") and len(cells) >= 3:
+            options.append((cells[0].strip("|` "), cells[2]))
+    return options
+
+
+def test_every_documented_option_parses_and_every_linked_one_is_refused():
+    from unittest import mock
+
+    from ijepa.cli import LINKS, build_cli
+
+    options = _documented_options()
+    assert len(options) > 60
+    with mock.patch("sys.argv", ["ijepa"]):
+        parser = build_cli(["--trainer.logger=false"], run=False).parser
+    targets = {target for _, target in LINKS}
+    for option, default in options:
+        if option in targets:
+            assert default.startswith("linked from"), option
+            continue
+        value = default.strip("`'")
+        if value in ("None", ""):
+            value = "null"
+        elif value.startswith("("):  # a Python tuple's repr -> YAML's list
+            value = "[" + value.strip("(),") + "]"
+        parsed = parser.parse_args([f"--{option}={value}"])  # a parse error exits
+        section, key = option.split(".")
+        assert parsed[section][key] is not None or value == "null", option
+    for target in targets:
+        with pytest.raises(SystemExit):
+            parser.parse_args([f"--{target}=2"])

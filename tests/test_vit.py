@@ -12,6 +12,8 @@ from ijepa.nn import (
     VisionTransformer,
     apply_rotary,
 )
+from ijepa.nn.position import POSITION_EMBEDDINGS
+from ijepa.nn.predictor import block_attention_mask
 
 
 def make_encoder(**overrides):
@@ -186,8 +188,6 @@ def test_predictor_errors():
 
 
 # --- the one-pass predictor ------------------------------------------------------------------
-from ijepa.nn.position import POSITION_EMBEDDINGS
-from ijepa.nn.predictor import block_attention_mask
 
 ONE_PASS_TYPES = [name for name in POSITION_EMBEDDINGS if name != "peg"]
 

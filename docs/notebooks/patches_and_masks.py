@@ -21,10 +21,11 @@ def _():
     import torch
 
     import ijepa
-    from ijepa.callbacks.jepa_images import mask_overlay, unnormalize
     from ijepa.cli import instantiate
-    from ijepa.explore import heat_image, mask_statistics, patch_grid_image, to_png
+    from ijepa.data.transforms import unnormalize
+    from ijepa.explore import mask_statistics
     from ijepa.masks import MultiBlockMaskSampler
+    from ijepa.pictures import heat_image, mask_overlay, patch_grid_image, to_png
 
     configs = Path(ijepa.__file__).resolve().parents[1] / "configs"
     return (

@@ -20,15 +20,14 @@ def _():
     import torch
 
     from ijepa.explore import (
-        heat_image,
         load_model,
         position_channel_map,
         position_similarity_map,
         relative_bias_map,
         rope_offset_scores,
-        to_png,
     )
-    from ijepa.nn.position import POSITION_EMBEDDINGS, build_position_embedding, cosine_similarity_grid
+    from ijepa.nn.position import POSITION_EMBEDDINGS, build_position_embedding
+    from ijepa.pictures import cosine_similarity_grid, heat_image, to_png
 
     return (
         POSITION_EMBEDDINGS, build_position_embedding, cosine_similarity_grid, heat_image, load_model, mo,

@@ -37,6 +37,9 @@ import torch
 from ijepa.benchmark.baseline import SeedIJEPA, python_masks
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
 from ijepa.callbacks.knn import knn_scores
+from ijepa.cli import instantiate
+from ijepa.data.collate import MaskCollator
+from ijepa.data.sampling import SeededSamples
 
 KNN_SIZES = {"stl10": (5000, 8000), "imagefolder": (5000, 1000)}
 
@@ -62,8 +65,6 @@ def time_calls(fn, warmup: int, repeats: int, device: torch.device) -> list[floa
 
 def build(config: str, overrides: list[str]):
     """Model and datamodule exactly as ``ijepa fit --config config ...`` would build them."""
-    from ijepa.cli import instantiate
-
     return instantiate(config, overrides)
 
 
@@ -101,9 +102,6 @@ def worker_images_per_s(datamodule, repeats: int = 3) -> float:
     seeding, then collation with mask sampling, for whole batches, on one thread (as a worker
     runs). Source images are uint8 at the model's image size (STL-10's own 96 px); decoding
     files, as an image folder would, is not included."""
-    from ijepa.data.sampling import SeededSamples
-    from ijepa.masks import MaskCollator
-
     hp = datamodule.hparams
     dataset = SeededSamples(_RandomImages(hp.batch_size, hp.image_size, datamodule.train_transform()), seed=0)
     collate = MaskCollator(datamodule.mask_sampler)

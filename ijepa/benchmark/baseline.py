@@ -10,6 +10,7 @@ sampler that builds each image's blocks with Python loops.
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -35,6 +35,7 @@ from ijepa.callbacks import (
     LinearProbe,
     PositionSimilarityImages,
 )
+from ijepa.cli import build_cli
 
 EVALUATION = (CollapseMonitor, JEPAImages, KNNProbe, LinearProbe, PositionSimilarityImages)
 
@@ -70,8 +71,6 @@ class StepTimer(L.Callback):
 
 def run(config: str, overrides: list[str], steps: int, warmup: int) -> dict:
     """Fit ``steps`` steps of ``config`` and return images/s, step and data-wait times."""
-    from ijepa.cli import build_cli
-
     with tempfile.TemporaryDirectory() as root, mock.patch("sys.argv", ["ijepa"]):
         cli = build_cli(["--config", config, *overrides, f"--trainer.max_steps={steps}", "--trainer.max_epochs=-1",
                          "--trainer.limit_val_batches=0", "--trainer.logger=false", "--trainer.enable_progress_bar=false",

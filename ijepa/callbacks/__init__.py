@@ -4,7 +4,8 @@ from ijepa.callbacks.attentive import AttentivePooler, AttentiveProbe, train_att
 from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
 from ijepa.callbacks.collapse import CollapseMonitor, feature_std, rankme
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
-from ijepa.callbacks.jepa_images import JEPAImages, mask_overlay, position_loss_map
+from ijepa.callbacks.features import FeatureWriter
+from ijepa.callbacks.jepa_images import JEPAImages, position_loss_map
 from ijepa.callbacks.knn import KNNProbe, extract_features, knn_scores
 from ijepa.callbacks.linear import LinearProbe, train_linear_classifier
 from ijepa.callbacks.position_images import PositionSimilarityImages
@@ -16,6 +17,7 @@ __all__ = [
     "CheckpointFolderCheck",
     "CollapseMonitor",
     "EMATargetUpdate",
+    "FeatureWriter",
     "JEPAImages",
     "KNNProbe",
     "LinearProbe",
@@ -26,7 +28,6 @@ __all__ = [
     "extract_features",
     "feature_std",
     "knn_scores",
-    "mask_overlay",
     "position_loss_map",
     "rankme",
     "train_attentive_classifier",

@@ -62,14 +62,16 @@ class AttentiveProbe(LinearProbe):
     """Train an :class:`AttentivePooler` on the frozen token features of the labelled train
     split and report top-1 on the held-out split as ``val/attentive_top1``
     (``test/attentive_top1``). It runs when ``LinearProbe`` does: at step 0 (the random-init
-    baseline), every ``every_n_epochs``-th validation, at the end of ``fit``, in ``validate`` /
+    baseline), at validations ending a training epoch that is a multiple of ``every_n_epochs``, at
+    the end of ``fit``, in ``validate`` /
     ``test``; like it, it skips with one warning on unlabelled data (``num_classes`` below 2).
 
     Token features of the whole bank are held in memory, ``N x K x D`` floats (1,920 clips x 32
     tokens x 96 in the video quickstart; 5,000 STL-10 images x 144 x 384 is 1.1 GB).
 
     Args:
-        every_n_epochs: probe at every this many validations during ``fit``.
+        every_n_epochs: during ``fit``, probe at validations that end a training epoch whose number
+            is a multiple of this (training epochs, not validations).
         num_heads: attention heads of the pooler (must divide the encoder width).
         steps: AdamW minibatch steps.
         batch_size: minibatch size.

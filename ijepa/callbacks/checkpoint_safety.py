@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from ijepa.checkpoint_io import stale_temporaries
+from ijepa.checkpoint import stale_temporaries
 
 
 class CheckpointFolderCheck(Callback):

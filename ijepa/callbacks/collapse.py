@@ -94,7 +94,7 @@ class CollapseMonitor(L.Callback):
         if not features:
             return
         # A reference, not a verdict: a random-init ViT's pooled features are themselves low-rank
-        # (about 10 of 128 dimensions for the quickstart), so no warning here.
+        # (docs/reliability.md has the quickstart's values), so no warning here.
         std, rank = self.check(torch.cat(features), 0, warn=False)
         for logger in trainer.loggers:  # self.log is not available outside the loops
             logger.log_metrics({"val/target_std": std, "val/rankme": rank}, step=0)

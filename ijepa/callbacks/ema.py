@@ -23,8 +23,11 @@ class EMATargetUpdate(Callback):
     The momentum rises linearly from ``momentum`` to ``final_momentum`` over the run (I-JEPA:
     0.996 -> 1.0) and is computed from ``global_step``, so a resumed run continues the schedule
     exactly. It runs once per optimizer step, not per batch, so gradient accumulation is safe.
-    Logs ``train/ema_momentum``.
+    Logs ``train/ema_momentum``. ``updates_target_encoder`` tells the module that the target
+    moves (without it the module warns at the start of ``fit``).
     """
+
+    updates_target_encoder = True
 
     def __init__(self, momentum: float = 0.996, final_momentum: float = 1.0):
         for name, value in (("momentum", momentum), ("final_momentum", final_momentum)):

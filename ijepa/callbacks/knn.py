@@ -146,8 +146,10 @@ class KNNProbe(Probe):
 
     The bank is the labeled train split (``datamodule.knn_train_dataloader()``), the queries the
     held-out split (``datamodule.knn_test_dataloader()``); images labelled ``-1`` (unlabeled) never
-    enter. Runs once when ``fit`` starts (the random-init baseline, logged at step 0), at every
-    ``every_n_epochs``-th validation, at the end of ``fit`` if the last step was not probed, and in
+    enter. Runs once when ``fit`` starts (the random-init baseline, logged at step 0), at each
+    validation that ends a training epoch whose number is a multiple of ``every_n_epochs`` (it
+    counts training epochs, not validations: with ``check_val_every_n_epoch: 6`` use 6 to probe at
+    every validation), at the end of ``fit`` if the last step was not probed, and in
     ``validate`` / ``test``. Logs ``val/knn_top1`` (``test/knn_top1``), a fraction in [0, 1].
     On unlabelled data (``num_classes`` below 2) it logs nothing and warns once (:class:`Probe`).
     """

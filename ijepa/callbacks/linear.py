@@ -54,12 +54,14 @@ class LinearProbe(Probe):
     Features are extracted once per probe (sharded over DDP ranks and gathered, like
     :class:`KNNProbe`), the classifier is fitted in memory on the module's device. Like
     :class:`KNNProbe` it runs once when ``fit`` starts (the random-init baseline, logged at step
-    0), at every ``every_n_epochs``-th validation of ``fit``, at the end of ``fit`` if the last
+    0), at each validation of ``fit`` that ends a training epoch whose number is a multiple of
+    ``every_n_epochs``, at the end of ``fit`` if the last
     step was not probed, and in ``validate`` / ``test``. On unlabelled data (``num_classes``
     below 2) it logs nothing and warns once (:class:`ijepa.callbacks.knn.Probe`).
 
     Args:
-        every_n_epochs: probe at every this many validations during ``fit``.
+        every_n_epochs: during ``fit``, probe at validations that end a training epoch whose number
+            is a multiple of this (training epochs, not validations).
         weight_decay: L2 penalty of the classifier.
         max_iter: L-BFGS iterations.
         encoder: ``target`` (default) or ``online``.

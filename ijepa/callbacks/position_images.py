@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from ijepa.explore import heat_image
-from ijepa.nn.position import AdditivePositionEmbedding, cosine_similarity_grid
+from ijepa.nn.position import AdditivePositionEmbedding
 from ijepa.nn.video import VideoPositionEncoding
+from ijepa.pictures import cosine_similarity_grid, heat_image
 
 
 class PositionSimilarityImages(Callback):

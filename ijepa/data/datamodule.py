@@ -13,33 +13,24 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.transforms import v2
 
+from ijepa.data.collate import MaskCollator, collate_samples
 from ijepa.data.imagefolder import BAD_IMAGE_POLICIES, RobustImageFolder
+from ijepa.data.moving_shapes import MovingShapesClips
 from ijepa.data.sampling import (
     EpochSampler,
     ResumableDataLoader,
     SeededSamples,
     mix_seed,
 )
+from ijepa.data.shapes import ShapesDataset
 from ijepa.data.stl10 import STL10
-from ijepa.masks import MaskCollator, MultiBlockMaskSampler, SpatioTemporalMaskSampler, collate_samples
+from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ClipToTensor
+from ijepa.data.video_folder import VideoFolderClips
+from ijepa.masks import MultiBlockMaskSampler, SpatioTemporalMaskSampler
 from ijepa.nn.patch import grid_size
 
 DATASETS = ("stl10", "imagefolder", "shapes", "moving_shapes", "videofolder")
 CLIP_DATASETS = ("moving_shapes", "videofolder")
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-class ClipToTensor:
-    """``uint8 [T, 3, H, W]`` clip -> normalised float ``[3, T, H, W]`` (channels first, as Conv3d
-    takes them)."""
-
-    def __init__(self):
-        self.mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-        self.std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-
-    def __call__(self, clip: torch.Tensor) -> torch.Tensor:
-        return ((clip.float() / 255 - self.mean) / self.std).permute(1, 0, 2, 3).contiguous()
 
 
 def labeled_collate(samples: list) -> dict[str, torch.Tensor]:
@@ -87,7 +78,7 @@ class IJEPADataModule(L.LightningDataModule):
       (:mod:`ijepa.data.moving_shapes`); batches hold clips ``[B, 3, T, H, W]`` under
       ``images`` and spatio-temporal masks. Needs ``num_frames > 0``.
     * ``videofolder``: ``root`` with class subfolders of video files, split like ``imagefolder``
-      (:mod:`ijepa.data.video_folder`, decoded by PyAV: ``pip install 'ijepa[video]'``). Clips
+      (:mod:`ijepa.data.video_folder`, decoded by PyAV: ``pip install av``). Clips
       are sampled at ``clip_fps`` frames per second, or every ``frame_stride``-th frame; training
       clips start at random with a random resized crop shared by their frames, evaluation clips
       are centred. Batches carry ``frame_times [B, T]`` (seconds). Needs ``num_frames > 0``.
@@ -103,7 +94,7 @@ class IJEPADataModule(L.LightningDataModule):
     (its loader drops the last incomplete batch, so a larger batch would train nothing).
 
     Loaders: ``train_dataloader`` / ``val_dataloader`` / ``test_dataloader`` yield masked batches
-    (see :class:`ijepa.masks.MaskCollator`); ``knn_train_dataloader`` / ``knn_test_dataloader`` /
+    (see :class:`ijepa.data.collate.MaskCollator`); ``knn_train_dataloader`` / ``knn_test_dataloader`` /
     ``predict_dataloader`` yield ``{"images", "labels"}`` with the evaluation transform.
     ``patch_size`` is linked from the model by the CLI, so the mask grid and the model's patch
     grid cannot disagree.
@@ -378,8 +369,6 @@ class IJEPADataModule(L.LightningDataModule):
                 "knn_train": Subset(eval_set, train_idx), "knn_test": Subset(eval_set, test_idx)}, num_classes
 
     def _shapes(self) -> dict[str, Dataset]:
-        from ijepa.data.shapes import ShapesDataset
-
         hp = self.hparams
         # Shapes are rendered at the model's image size; the transforms only normalise (and crop).
         def make(split: str, size: int, transform: v2.Transform) -> ShapesDataset:
@@ -397,8 +386,6 @@ class IJEPADataModule(L.LightningDataModule):
         return {"pretrain": train_set, "val": val_set, "knn_train": knn_train_set, "knn_test": val_set}
 
     def _moving_shapes(self) -> dict[str, Dataset]:
-        from ijepa.data.moving_shapes import MovingShapesClips
-
         hp = self.hparams
         # Clips are rendered at the model's size; the transform only normalises and puts channels first.
         def make(split: str, size: int) -> MovingShapesClips:
@@ -418,8 +405,6 @@ class IJEPADataModule(L.LightningDataModule):
         return splits
 
     def _video(self, path: Path, training: bool, class_to_idx: dict[str, int] | None) -> Dataset:
-        from ijepa.data.video_folder import VideoFolderClips
-
         hp = self.hparams
         return VideoFolderClips(path, hp.num_frames, hp.image_size, fps=hp.clip_fps, frame_stride=hp.frame_stride,
                                 start="random" if training else "center", crop_scale=hp.crop_scale if training else None,

@@ -6,7 +6,7 @@
   :class:`ResumableDataLoader` saves its position in the checkpoint, so a run resumed in the
   middle of an epoch skips exactly the batches that were already trained.
 * :class:`SeededSamples` runs each sample's augmentation under a generator seeded by
-  ``(seed, epoch, index)`` and hands that seed on, so :class:`ijepa.masks.MaskCollator` seeds the
+  ``(seed, epoch, index)`` and hands that seed on, so :class:`ijepa.data.collate.MaskCollator` seeds the
   batch's masks from the seeds of its samples.
 
 Nothing therefore depends on the worker a batch lands in, the number of workers, or the global

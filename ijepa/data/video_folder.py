@@ -1,6 +1,6 @@
 """Clips from a folder of video files, one sub-folder per class, decoded with PyAV.
 
-PyAV (``pip install 'ijepa[video]'``) is the maintained Python binding of FFmpeg; its wheels carry
+PyAV (``pip install -e '.[video]'`` in a clone, or ``pip install av``) is the maintained Python binding of FFmpeg; its wheels carry
 their own FFmpeg, so nothing else needs installing. (torchvision's own video reader is deprecated,
 and torchcodec needs a system FFmpeg.)
 
@@ -32,7 +32,7 @@ def _import_av():
     try:
         import av
     except ImportError as error:  # the optional extra
-        raise ImportError("dataset 'videofolder' decodes with PyAV: pip install 'ijepa[video]' (or pip install av).") from error
+        raise ImportError("dataset 'videofolder' decodes with PyAV: pip install av (in a clone: pip install -e '.[video]').") from error
     return av
 
 
@@ -137,7 +137,7 @@ class VideoFolderClips(Dataset):
         crop_scale: area range of a random resized crop shared by all frames of a clip, or
             ``None`` for resize and centre crop.
         transform: applied last to the ``uint8 [T, 3, image_size, image_size]`` clip
-            (e.g. :class:`ijepa.data.datamodule.ClipToTensor`).
+            (e.g. :class:`ijepa.data.transforms.ClipToTensor`).
         class_to_idx: number the classes by this index (the training split's) instead of the
             folder's own; a class folder it lacks is a ``ValueError``.
 

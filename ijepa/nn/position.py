@@ -87,6 +87,12 @@ class PositionEncoding(nn.Module):
         """``(grid_height, grid_width)``."""
         return self.grid_height, self.grid_width
 
+    def no_weight_decay(self) -> set[str]:
+        """Names (relative to this module) of the parameters the optimizer must not decay: by
+        default all of them, since an encoding's parameters are tables of per-position (or
+        per-frequency) values, which weight decay would pull towards "no position" (ViT, timm)."""
+        return {name for name, _ in self.named_parameters()}
+
     def state_resizers(self, old_grid: tuple[int, int], mode: str = "bicubic", antialias: bool = False) -> dict[str, Resizer]:
         """How to bring this module's saved tensors from ``old_grid`` to its own grid.
 
@@ -164,7 +170,7 @@ def sinusoidal_2d_grid(
 
     Half the channels encode the row, half the column, so the inner product of two rows of the
     table is ``f(r1 - r2) + g(c1 - c2)``. ``axis_order="col_row"`` puts the column half first, as
-    MAE and the official I-JEPA code do (their checkpoints load with correct positions);
+    MAE and the official I-JEPA code do (so their tables match this one entry for entry);
     ``"row_col"`` puts the row half first (V-JEPA, timm).
     """
     if embed_dim % 4 != 0:
@@ -220,23 +226,6 @@ def add_position_embedding(tokens: torch.Tensor, pos_embed: torch.Tensor, num_pr
         f"pos_embed has {pos_embed.size(1)} rows for {tokens.size(1)} tokens with num_prefix_tokens={num_prefix_tokens}: "
         f"expected {tokens.size(1)} (prefix rows included) or {tokens.size(1) - num_prefix_tokens} (patches only)."
     )
-
-
-def cosine_similarity_grid(table: torch.Tensor, grid_height: int, grid_width: int, pad: int = 1) -> torch.Tensor:
-    """ViT's Figure 7: for every position ``(r, c)`` a ``grid_height x grid_width`` tile of the
-    cosine similarity of its embedding with every position, tiles laid out on the grid.
-
-    ``table [N, D] -> image [1, H * (h + pad) - pad, W * (w + pad) - pad]`` with values in [0, 1]
-    (similarity mapped from [-1, 1]); padding is 0.
-    """
-    n = grid_height * grid_width
-    if table.dim() != 2 or table.size(0) != n:
-        raise ValueError(f"table must be [{n}, D] for a {grid_height}x{grid_width} grid, got {tuple(table.shape)}.")
-    unit = torch.nn.functional.normalize(table.detach().float(), dim=1)
-    tiles = ((unit @ unit.T + 1) / 2).view(grid_height, grid_width, grid_height, grid_width)
-    tiles = torch.nn.functional.pad(tiles, (0, pad, 0, pad))  # pad each tile's right and bottom
-    image = tiles.permute(0, 2, 1, 3).reshape(grid_height * (grid_height + pad), grid_width * (grid_width + pad))
-    return image[: image.size(0) - pad, : image.size(1) - pad].unsqueeze(0)
 
 
 def gather_tokens_with_positions(
@@ -407,6 +396,10 @@ class PositionalConvolution(PositionEncoding):
         # Summing, not assigning: padding that repeats a real index (as zeros) then changes nothing.
         grid.scatter_add_(1, indices.long()[..., None].expand(-1, -1, dim), tokens)
         return grid.transpose(1, 2).reshape(batch, dim, self.grid_height, self.grid_width)
+
+    def no_weight_decay(self) -> set[str]:
+        # The depthwise kernel is a convolution's weight, decayed like every other kernel.
+        return {"conv.bias"}
 
     def after_block(self, block_index: int, tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         if block_index != 0:

@@ -8,6 +8,7 @@ import torch.nn as nn
 from ijepa.nn.attention import BlockLayout
 from ijepa.nn.checks import check_indices
 from ijepa.nn.position import PositionEncoding, build_position_embedding
+from ijepa.nn.video import build_video_position_embedding
 from ijepa.nn.vit import Transformer, init_vit_weights, rescale_residual_branches
 
 PREDICTOR_MODES = ("per_block", "one_pass")
@@ -66,8 +67,6 @@ class Predictor(nn.Module):
         if isinstance(grid_size, int):
             position = build_position_embedding(pos_embed, grid_size, grid_size, predictor_embed_dim, num_heads)
         else:  # a video grid (T', H', W')
-            from ijepa.nn.video import build_video_position_embedding
-
             position = build_video_position_embedding(pos_embed, tuple(grid_size), predictor_embed_dim, num_heads,
                                                       **video_pos_options)
         self.num_patches = position.num_positions
@@ -92,6 +91,10 @@ class Predictor(nn.Module):
     def position(self) -> PositionEncoding:
         """The predictor's position encoding."""
         return self.transformer.position
+
+    def no_weight_decay(self) -> set[str]:
+        """The mask token is a learned input, not a weight: the optimizer does not decay it."""
+        return {"mask_token"}
 
     def forward(
         self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor,

@@ -1,8 +1,8 @@
 """Resolution change: resize position tables and patch kernels to a new patch grid.
 
 Functional helpers, used by :meth:`ijepa.nn.PositionEncoding.resize_state` (each encoding knows
-which of its tensors depend on the grid) and by :func:`resize_state_dict`, which adapts a whole
-model's state dict saved at one image/patch size to a model built at another.
+which of its tensors depend on the grid) and by :func:`ijepa.checkpoint.resize_state_dict`, which
+adapts a whole model's state dict saved at one image/patch size to a model built at another.
 
 * Learned tables ``[N, D]`` are treated as a ``D``-channel image of the grid and resampled
   bicubically to the target *size* (ViT / DeiT), never by a scale factor that rounds.
@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 INTERPOLATION_MODES = ("bicubic", "bilinear", "nearest")
@@ -173,70 +172,3 @@ def resize_patch_embed_kernel(weight: torch.Tensor, new_patch_size: int) -> torc
 
 
 Resizer = Callable[[torch.Tensor], torch.Tensor]
-
-
-def resize_state_dict(
-    model: nn.Module,
-    state_dict: dict[str, torch.Tensor],
-    old_grid_size: Grid,
-    old_patch_size: int,
-    mode: str = "bicubic",
-    antialias: bool = False,
-) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], Resizer]]:
-    """Adapt, in place, a state dict saved at ``old_grid_size`` / ``old_patch_size`` to ``model``.
-
-    Every :class:`~ijepa.nn.PositionEncoding` in ``model`` resizes its own grid-dependent
-    tensors (``learned`` as a 2D grid, ``learned_2d`` per axis, ``relative_bias`` over the new
-    offsets; sin-cos and RoPE need nothing: they are rebuilt for the model's grid), and every
-    :class:`~ijepa.nn.PatchEmbed` kernel is resized when the patch size differs. For clip models
-    ``old_grid_size`` is ``(T', H', W')``: ``learned_3d`` tables are resampled trilinearly (over
-    time and space), ``sincos_3d`` and ``mrope`` are rebuilt.
-
-    Returns ``{key: (old_shape, new_shape, resizer)}`` for every tensor it changed (the resizer
-    lets a caller apply the same map to, e.g., optimizer moments). Raises ValueError listing the
-    keys that are missing, unexpected or still mismatched: never a silent partial load.
-    """
-    from ijepa.nn.patch import PatchEmbed
-    from ijepa.nn.position import PositionEncoding
-
-    old_grid_size = _check_grid(old_grid_size, "old_grid_size", dims=(2, 3))
-    changed: dict[str, tuple[tuple[int, ...], tuple[int, ...], Resizer]] = {}
-
-    def apply(key: str, resizer: Resizer) -> None:
-        before = state_dict[key]
-        state_dict[key] = resizer(before)
-        if state_dict[key].shape != before.shape or not torch.equal(state_dict[key], before):
-            changed[key] = (tuple(before.shape), tuple(state_dict[key].shape), resizer)
-
-    for name, module in model.named_modules():
-        prefix = f"{name}." if name else ""
-        if isinstance(module, PositionEncoding):
-            for local, resizer in module.state_resizers(old_grid_size, mode, antialias).items():
-                if prefix + local in state_dict:
-                    apply(prefix + local, resizer)
-        elif isinstance(module, PatchEmbed) and old_patch_size != module.patch_size:
-            key = prefix + "proj.weight"
-            if key in state_dict:
-                apply(key, lambda w, p=module.patch_size: resize_patch_embed_kernel(w, p))
-
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    mismatched = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in sorted(set(expected) & set(state_dict))
-        if state_dict[k].shape != expected[k].shape
-    ]
-    if missing or unexpected or mismatched:
-        lines = []
-        if mismatched:
-            lines.append("mismatched shapes:\n  " + "\n  ".join(mismatched))
-        if missing:
-            lines.append("missing from the checkpoint:\n  " + "\n  ".join(missing))
-        if unexpected:
-            lines.append("not in the model:\n  " + "\n  ".join(unexpected))
-        raise ValueError(
-            "the checkpoint does not fit this model's architecture (only the image size, patch size "
-            "and grid-dependent position tables can be adapted):\n" + "\n".join(lines)
-        )
-    return changed

@@ -22,6 +22,8 @@ from torch import nn
 from ijepa.nn.checks import check_indices, check_positive
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.position import AdditivePositionEmbedding, AttentionPositions, PositionEncoding, sinusoidal_1d_positions
+from ijepa.nn.resize import interpolate_3d_table
+from ijepa.nn.vit import Transformer, init_vit_weights, pooled_block_features, rescale_residual_branches
 
 
 class TubeletEmbed(nn.Module):
@@ -122,8 +124,6 @@ class Learned3DPositionEmbedding(VideoPositionEncoding, AdditivePositionEmbeddin
         return self.embedding.weight
 
     def state_resizers(self, old_grid, mode="bicubic", antialias=False):
-        from ijepa.nn.resize import interpolate_3d_table
-
         if len(old_grid) != 3:
             raise ValueError(f"learned_3d needs the checkpoint's (T', H', W') grid, got {old_grid}.")
         return {"embedding.weight": lambda t: interpolate_3d_table(t, tuple(old_grid), self.grid, mode)}
@@ -227,8 +227,6 @@ class VideoVisionTransformer(nn.Module):
                  mlp_ratio: float = 4.0, drop_path_rate: float = 0.0, pos_embed: str = "sincos_3d",
                  rescale_residuals: bool = True, **pos_options):
         super().__init__()
-        from ijepa.nn.vit import Transformer, init_vit_weights, rescale_residual_branches
-
         self.patch_embed = TubeletEmbed(num_frames, image_size, tubelet_size, patch_size, in_channels, embed_dim)
         self.grid = self.patch_embed.grid
         self.num_patches = self.patch_embed.num_patches
@@ -248,8 +246,6 @@ class VideoVisionTransformer(nn.Module):
     def pooled_features(self, clips: torch.Tensor, last_blocks: int = 1, frame_times: torch.Tensor | None = None) -> torch.Tensor:
         """Mean over all tokens of the last ``last_blocks`` blocks' normed outputs, concatenated:
         ``[B, C, T, H, W] -> [B, last_blocks * D]`` (as :meth:`VisionTransformer.pooled_features`)."""
-        from ijepa.nn.vit import pooled_block_features
-
         return pooled_block_features(self, clips, last_blocks, frame_times)
 
     def forward(self, clips: torch.Tensor, patch_indices: torch.Tensor | None = None,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from unittest import mock
 
+from ijepa.cli import LINKS, build_cli
+
 HEADER = """# Configuration reference
 
 Generated from the CLI's parser (the type hints and docstrings of `IJEPA` and
@@ -30,12 +32,10 @@ def _type_name(action) -> str:
 
 def reference() -> str:
     """The Markdown reference of every ``model.*`` and ``data.*`` option."""
-    from ijepa.cli import build_cli
-
     with mock.patch("sys.argv", ["ijepa"]):
         cli = build_cli(["--trainer.logger=false"], run=False)
     sections = {"model": [], "data": []}
-    linked = {"model.image_size": "linked from `data.image_size`", "data.patch_size": "linked from `model.patch_size`"}
+    linked = {target: f"linked from `{source}`" for source, target in LINKS}
     for action in cli.parser._actions:
         dest = getattr(action, "dest", "")
         prefix = dest.split(".")[0]

@@ -136,7 +136,7 @@ def table(root: Path) -> str:
     for variant, runs in rows.items():
         if not runs:
             continue
-        def col(key):
+        def col(key, runs=runs):
             return [r.get(key, float("nan")) for r in runs]
         knn = " / ".join(f"{100 * statistics.mean(col(f'knn_top1_{w}')):.1f}" for w in ("0", "mid", "end"))
         lin = " / ".join(f"{100 * statistics.mean(col(f'linear_top1_{w}')):.1f}" for w in ("0", "mid", "end"))
