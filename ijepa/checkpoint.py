@@ -144,8 +144,9 @@ def resize_state_dict(
     return changed
 
 
-def resize_optimizer_states(checkpoint: dict, changed: dict[str, tuple[tuple[int, ...], tuple[int, ...], Resizer]],
-                            parameter_order: list[str]) -> None:
+def resize_optimizer_states(
+    checkpoint: dict, changed: dict[str, tuple[tuple[int, ...], tuple[int, ...], Resizer]], parameter_order: list[str]
+) -> None:
     """Map, in place, the optimizer moments of every parameter :func:`resize_state_dict` changed.
 
     ``parameter_order`` names the parameters in the order the optimizer holds them (its state is

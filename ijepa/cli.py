@@ -61,7 +61,7 @@ class IJEPACLI(LightningCLI):
         keys = {key for key, value in config.model.items() if defaults.get(key) != value}
         for arg in self._raw_args:
             if arg.startswith("--model."):
-                keys.add(arg[len("--model."):].split("=")[0])
+                keys.add(arg[len("--model.") :].split("=")[0])
         for path in config.get("config") or []:
             with open(getattr(path, "absolute", path)) as f:
                 keys |= set((yaml.safe_load(f) or {}).get("model") or {})
@@ -103,8 +103,10 @@ class IJEPACLI(LightningCLI):
                 f"settings to use the checkpoint's, or start a new run without ckpt_path."
             )
         if differs:
-            rank_zero_info("Resuming from ckpt_path with this run's own " + ", ".join(
-                f"model.{key}={current.get(key)} (checkpoint: {hparams[key]})" for key in differs))
+            rank_zero_info(
+                "Resuming from ckpt_path with this run's own "
+                + ", ".join(f"model.{key}={current.get(key)} (checkpoint: {hparams[key]})" for key in differs)
+            )
         stored = {key: value for key, value in hparams.items() if key not in explicit}
         try:
             self.config = self.parser.parse_object({subcommand: {"model": stored}}, self.config)
@@ -123,8 +125,11 @@ def refuse_optimizer_options(args: list[str]) -> None:
     does not offer them; say so, and what to set instead, rather than fail mid-step."""
     named = {arg[2:].split("=")[0].split(".")[0] for arg in args if arg.startswith("--")} & set(OPTIMIZER_KEYS)
     for index, arg in enumerate(args):
-        path = arg.split("=", 1)[1] if arg.startswith("--config=") else (
-            args[index + 1] if arg == "--config" and index + 1 < len(args) else None)
+        path = (
+            arg.split("=", 1)[1]
+            if arg.startswith("--config=")
+            else (args[index + 1] if arg == "--config" and index + 1 < len(args) else None)
+        )
         if path and Path(path).is_file():
             with open(path) as f:
                 section = yaml.safe_load(f)

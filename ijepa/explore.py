@@ -93,7 +93,11 @@ def load_model(checkpoint: str, **overrides):
 
 @torch.no_grad()
 def rope_offset_scores(
-    position: PositionEncoding, query: torch.Tensor, key: torch.Tensor, head: int = 0, anchor: tuple[int, int] | None = None
+    position: PositionEncoding,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head: int = 0,
+    anchor: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """RoPE attention score ``<R(p_q) q, R(p_k) k>`` for every offset ``p_q - p_k = (dr, dc)``:
     a ``[2 G_h - 1, 2 G_w - 1]`` map, centre = offset (0, 0). ``query``, ``key``: ``[head_dim]``.
@@ -118,8 +122,12 @@ def rope_offset_scores(
     k_angles = position.angles(torch.tensor([k_idx]))
     h = min(head, q_angles.size(1) - 1)
     count = len(cells)
-    q_rot = apply_rotary(query.float().expand(1, 1, count, -1), q_angles[:, h : h + 1].cos(), q_angles[:, h : h + 1].sin())
-    k_rot = apply_rotary(key.float().expand(1, 1, count, -1), k_angles[:, h : h + 1].cos(), k_angles[:, h : h + 1].sin())
+    q_rot = apply_rotary(
+        query.float().expand(1, 1, count, -1), q_angles[:, h : h + 1].cos(), q_angles[:, h : h + 1].sin()
+    )
+    k_rot = apply_rotary(
+        key.float().expand(1, 1, count, -1), k_angles[:, h : h + 1].cos(), k_angles[:, h : h + 1].sin()
+    )
     values = (q_rot * k_rot).sum(-1).flatten()
     for (row, col), value in zip(cells, values.tolist()):
         scores[row, col] = value

@@ -105,7 +105,9 @@ class MultiBlockMaskSampler:
         self.grid_size = grid_size
         self.num_patches = grid_size * grid_size
         if not 1 <= min_keep < self.num_patches:
-            raise ValueError(f"min_keep must be in [1, {self.num_patches - 1}] on a {grid_size}x{grid_size} grid, got {min_keep}.")
+            raise ValueError(
+                f"min_keep must be in [1, {self.num_patches - 1}] on a {grid_size}x{grid_size} grid, got {min_keep}."
+            )
         if max_tries < 1:
             raise ValueError(f"max_tries must be >= 1, got {max_tries}.")
         self.num_target_blocks = num_target_blocks
@@ -151,9 +153,7 @@ class MultiBlockMaskSampler:
         in_cols = (cells >= left[:, None]) & (cells < left[:, None] + width)
         return (in_rows[:, :, None] & in_cols[:, None, :]).flatten(1)
 
-    def __call__(
-        self, batch_size: int, generator: torch.Generator | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.num_target_blocks
         target_h, target_w = self.block_shape(self.target_scale, self.target_aspect_ratio, generator)
         context_h, context_w = self.block_shape(self.context_scale, self.context_aspect_ratio, generator)
@@ -220,16 +220,26 @@ class SpatioTemporalMaskSampler(MultiBlockMaskSampler):
         max_tries: int = 20,
         context_policy: str = "thin",
     ):
-        super().__init__(grid_size, num_target_blocks, target_scale, target_aspect_ratio, (1.0, 1.0),
-                         min_keep=1, max_tries=max_tries, context_policy=context_policy)
+        super().__init__(
+            grid_size,
+            num_target_blocks,
+            target_scale,
+            target_aspect_ratio,
+            (1.0, 1.0),
+            min_keep=1,
+            max_tries=max_tries,
+            context_policy=context_policy,
+        )
         if grid_time < 1:
             raise ValueError(f"grid_time must be >= 1 temporal position, got {grid_time}.")
         self.grid_time = grid_time
         self.temporal_scale = _check_range(temporal_scale, "temporal_scale", 0.0, 1.0)
         self.num_patches = grid_time * grid_size * grid_size
         if not 1 <= min_keep < self.num_patches:
-            raise ValueError(f"min_keep must be in [1, {self.num_patches - 1}] on a {grid_time}x{grid_size}x{grid_size} "
-                             f"grid, got {min_keep}.")
+            raise ValueError(
+                f"min_keep must be in [1, {self.num_patches - 1}] on a {grid_time}x{grid_size}x{grid_size} "
+                f"grid, got {min_keep}."
+            )
         self.min_keep = min_keep
 
     def __call__(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:

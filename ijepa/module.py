@@ -105,9 +105,21 @@ class IJEPA(L.LightningModule):
 
     # Arguments that fix the parameters' shapes or meaning: a resumed run cannot change them
     # (the CLI reports a conflict); every other argument may differ from the checkpoint's.
-    ARCHITECTURE = ("in_channels", "embed_dim", "depth", "num_heads", "mlp_ratio", "pos_embed", "predictor_embed_dim",
-                    "predictor_depth", "predictor_num_heads", "predictor_pos_embed", "predictor_mode", "tubelet_size",
-                    "sigreg_projector")
+    ARCHITECTURE = (
+        "in_channels",
+        "embed_dim",
+        "depth",
+        "num_heads",
+        "mlp_ratio",
+        "pos_embed",
+        "predictor_embed_dim",
+        "predictor_depth",
+        "predictor_num_heads",
+        "predictor_pos_embed",
+        "predictor_mode",
+        "tubelet_size",
+        "sigreg_projector",
+    )
 
     def __init__(
         self,
@@ -173,27 +185,55 @@ class IJEPA(L.LightningModule):
             raise ValueError(f"num_frames must be 0 (images) or a positive frame count, got {num_frames}.")
         if num_frames:
             self.encoder = VideoVisionTransformer(
-                num_frames, image_size, tubelet_size, patch_size, in_channels, embed_dim, depth, num_heads,
-                mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=pos_embed, rescale_residuals=rescale_residuals,
+                num_frames,
+                image_size,
+                tubelet_size,
+                patch_size,
+                in_channels,
+                embed_dim,
+                depth,
+                num_heads,
+                mlp_ratio,
+                drop_path_rate=drop_path_rate,
+                pos_embed=pos_embed,
+                rescale_residuals=rescale_residuals,
                 **({"time_unit": time_unit} if pos_embed == "mrope" else {}),
             )
             grid = self.encoder.grid
             predictor_options = {"time_unit": time_unit} if predictor_pos_embed == "mrope" else {}
         else:
             self.encoder = VisionTransformer(
-                image_size, patch_size, in_channels, embed_dim, depth, num_heads, mlp_ratio,
-                drop_path_rate=drop_path_rate, pos_embed=pos_embed, rescale_residuals=rescale_residuals,
+                image_size,
+                patch_size,
+                in_channels,
+                embed_dim,
+                depth,
+                num_heads,
+                mlp_ratio,
+                drop_path_rate=drop_path_rate,
+                pos_embed=pos_embed,
+                rescale_residuals=rescale_residuals,
             )
             grid = self.encoder.grid_size
             predictor_options = {}
         self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
         self.predictor = Predictor(
-            grid, embed_dim, predictor_embed_dim, predictor_depth, predictor_num_heads,
-            mlp_ratio, drop_path_rate=drop_path_rate, pos_embed=predictor_pos_embed, mode=predictor_mode,
-            rescale_residuals=rescale_residuals, **predictor_options,
+            grid,
+            embed_dim,
+            predictor_embed_dim,
+            predictor_depth,
+            predictor_num_heads,
+            mlp_ratio,
+            drop_path_rate=drop_path_rate,
+            pos_embed=predictor_pos_embed,
+            mode=predictor_mode,
+            rescale_residuals=rescale_residuals,
+            **predictor_options,
         )
         self.sigreg = SIGReg(sigreg_slices) if sigreg_weight > 0 else None
-        self.sigreg_projector = Projector(embed_dim, sigreg_projector) if sigreg_weight > 0 and sigreg_projector else None
+        self.sigreg_projector = (
+            Projector(embed_dim, sigreg_projector) if sigreg_weight > 0 and sigreg_projector else None
+        )
 
     def setup(self, stage: str) -> None:
         # Denormal floats (below 1e-38, e.g. in AdamW's second moments) are very slow on CPU;
@@ -216,8 +256,13 @@ class IJEPA(L.LightningModule):
         return self
 
     @torch.no_grad()
-    def features(self, images: torch.Tensor, encoder: str = "target", last_blocks: int = 1,
-                 frame_times: torch.Tensor | None = None) -> torch.Tensor:
+    def features(
+        self,
+        images: torch.Tensor,
+        encoder: str = "target",
+        last_blocks: int = 1,
+        frame_times: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Mean-pooled features of all patches, ``[B, C, H, W] -> [B, D]``, from the ``target``
         (default) or ``online`` encoder; with ``last_blocks=n`` the pooled, normed outputs of the
         last n blocks concatenated, ``[B, n*D]``. Clips ``[B, C, T, H, W]`` may come with
@@ -226,8 +271,9 @@ class IJEPA(L.LightningModule):
         return network.pooled_features(images, last_blocks, **self.token_times(frame_times))
 
     @torch.no_grad()
-    def token_features(self, images: torch.Tensor, encoder: str = "target",
-                       frame_times: torch.Tensor | None = None) -> torch.Tensor:
+    def token_features(
+        self, images: torch.Tensor, encoder: str = "target", frame_times: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Every token's features through the encoder's final norm, ``[B, C, H, W] -> [B, N, D]``
         (clips ``[B, C, T, H, W]`` with optional ``frame_times [B, T]``), from the ``target``
         (default) or ``online`` encoder: what an attentive probe reads."""
@@ -267,8 +313,10 @@ class IJEPA(L.LightningModule):
         # target encoder's pass over the B images serves all R of them.
         repeats = rows // images.size(0)
         if repeats < 1 or rows % images.size(0) or context_indices.size(0) != rows:
-            raise ValueError(f"the batch's masks ({context_indices.size(0)} context and {rows} target rows) must be a "
-                             f"whole multiple of its {images.size(0)} images (data.masks_per_image).")
+            raise ValueError(
+                f"the batch's masks ({context_indices.size(0)} context and {rows} target rows) must be a "
+                f"whole multiple of its {images.size(0)} images (data.masks_per_image)."
+            )
         with index_checks(self.hparams.debug_checks):
             with torch.no_grad():
                 if self.hparams.target_last_blocks == 1:  # the encoder's own forward (compiled with model.compile)
@@ -289,7 +337,9 @@ class IJEPA(L.LightningModule):
             predictions = self.predictor(context, context_indices, target_indices, context_mask=context_mask, **times)
         return {"predictions": predictions, "targets": targets, "context": context, "target_features": target_features}
 
-    def prediction_loss(self, predictions: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    def prediction_loss(
+        self, predictions: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+    ) -> torch.Tensor:
         """The JEPA loss (``model.loss``: smooth L1 or MSE) between predictions and targets, in float32."""
         loss_fn = F.mse_loss if self.hparams.loss == "mse" else F.smooth_l1_loss
         return loss_fn(predictions.float(), targets.float(), reduction=reduction)
@@ -325,7 +375,9 @@ class IJEPA(L.LightningModule):
                 total = total + (1 - share) * self.sigreg(x, seed=self.global_step)
         return total / len(inputs)
 
-    def sigreg_inputs(self, context: torch.Tensor, context_mask: torch.Tensor | None, kind: str | None = None) -> torch.Tensor:
+    def sigreg_inputs(
+        self, context: torch.Tensor, context_mask: torch.Tensor | None, kind: str | None = None
+    ) -> torch.Tensor:
         """What SIGReg sees of the context encoder's output ``[B, Kc, D]``: for ``kind="tokens"``
         ``[n, D]`` real tokens drawn at random (seeded by the global step and the rank, so resume
         is exact), for ``"pooled"`` each image's mean real token ``[B, D]`` (default: the
@@ -407,9 +459,12 @@ class IJEPA(L.LightningModule):
         No weight decay on biases and norms (every parameter under 2-D), nor on what a submodule
         lists in its ``no_weight_decay()`` (position tables, the mask token), as in I-JEPA and timm.
         """
-        exempt = {f"{prefix}.{name}" if prefix else name
-                  for prefix, module in self.named_modules() if callable(getattr(module, "no_weight_decay", None))
-                  for name in module.no_weight_decay()}
+        exempt = {
+            f"{prefix}.{name}" if prefix else name
+            for prefix, module in self.named_modules()
+            if callable(getattr(module, "no_weight_decay", None))
+            for name in module.no_weight_decay()
+        }
         decay, no_decay = [], []
         for name, param in self.named_parameters():
             if not param.requires_grad:
@@ -422,7 +477,11 @@ class IJEPA(L.LightningModule):
         params = dict(self.named_parameters())
         decay, no_decay = self.parameter_groups()
         groups = [
-            {"params": [params[n] for n in decay], "weight_decay": self.hparams.weight_decay, "scheduled_weight_decay": True},
+            {
+                "params": [params[n] for n in decay],
+                "weight_decay": self.hparams.weight_decay,
+                "scheduled_weight_decay": True,
+            },
             {"params": [params[n] for n in no_decay], "weight_decay": 0.0, "scheduled_weight_decay": False},
         ]
         fused = self.device.type == "cuda"
@@ -445,8 +504,10 @@ class IJEPA(L.LightningModule):
         total = torch.nn.utils.get_total_norm(params)
         if not torch.isfinite(total):
             bad = sum(not torch.isfinite(p).all() for p in params)
-            raise self._diverged(f"non-finite weights after the optimizer step ({bad} of {len(params)} trainable tensors "
-                                 f"hold inf or NaN; total norm {total.item()})")
+            raise self._diverged(
+                f"non-finite weights after the optimizer step ({bad} of {len(params)} trainable tensors "
+                f"hold inf or NaN; total norm {total.item()})"
+            )
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         weight_decay = self.weight_decay_at(self.global_step)
@@ -458,8 +519,11 @@ class IJEPA(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Never write non-finite weights: ModelCheckpoint deletes the previous file after a save,
         # so a NaN state written once would replace the last finite one.
-        bad = [name for name, value in checkpoint["state_dict"].items()
-               if value.is_floating_point() and not torch.isfinite(value).all()]
+        bad = [
+            name
+            for name, value in checkpoint["state_dict"].items()
+            if value.is_floating_point() and not torch.isfinite(value).all()
+        ]
         if bad:
             raise FloatingPointError(
                 f"refusing to write a checkpoint with non-finite weights at step {self.global_step} ({len(bad)} tensors: "
@@ -503,12 +567,17 @@ class IJEPA(L.LightningModule):
             if (old_patch, old_tubelet) != (self.hparams.patch_size, self.hparams.tubelet_size):
                 raise ValueError(
                     f"a clip checkpoint can change image_size and num_frames, not the tubelet: it has patch_size={old_patch}, "
-                    f"tubelet_size={old_tubelet}; this model has {self.hparams.patch_size}, {self.hparams.tubelet_size}.")
+                    f"tubelet_size={old_tubelet}; this model has {self.hparams.patch_size}, {self.hparams.tubelet_size}."
+                )
             old_grid = (old_frames // old_tubelet, *old_grid)
         settings = self.position_interpolation
         if settings["mode"] not in INTERPOLATION_MODES:
-            raise ValueError(f"position interpolation mode must be one of {INTERPOLATION_MODES}, got {settings['mode']!r}.")
-        changed = resize_state_dict(self, checkpoint["state_dict"], old_grid, old_patch, settings["mode"], settings["antialias"])
+            raise ValueError(
+                f"position interpolation mode must be one of {INTERPOLATION_MODES}, got {settings['mode']!r}."
+            )
+        changed = resize_state_dict(
+            self, checkpoint["state_dict"], old_grid, old_patch, settings["mode"], settings["antialias"]
+        )
         if not changed:
             return
         resize_optimizer_states(checkpoint, changed, [name for group in self.parameter_groups() for name in group])
@@ -529,7 +598,9 @@ class IJEPA(L.LightningModule):
             for config in self.trainer.lr_scheduler_configs:
                 scheduler = config.scheduler
                 scheduler.base_lrs = [self.hparams.lr if self.hparams.lr > 0 else 1.0] * len(scheduler.base_lrs)
-                for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+                for group, base, factor in zip(
+                    scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas
+                ):
                     group["lr"] = base * factor(scheduler.last_epoch)
         # Any callback that declares it moves the target (EMATargetUpdate does) will do.
         if not any(getattr(cb, "updates_target_encoder", False) for cb in self.trainer.callbacks):

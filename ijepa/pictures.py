@@ -32,7 +32,9 @@ def to_png(image: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
-def heat_image(values: torch.Tensor, cell: int = 16, low: float | None = None, high: float | None = None) -> torch.Tensor:
+def heat_image(
+    values: torch.Tensor, cell: int = 16, low: float | None = None, high: float | None = None
+) -> torch.Tensor:
     """A ``[G_h, G_w]`` map -> ``[3, G_h * cell, G_w * cell]`` image, dark (low) to bright yellow
     (high), scaled between ``low`` and ``high`` (default: the map's finite min and max); NaN is grey."""
     grid = values.detach().float().cpu()
@@ -63,7 +65,9 @@ def patch_grid_image(image: torch.Tensor, patch_size: int, scale: int = 4, indic
     """``image [3, H, W]`` upscaled ``scale`` times, with white lines between patches and, if
     ``indices``, each patch's row-major index ``r * G + c`` written in its top-left corner."""
     if image.dim() != 3 or image.size(1) % patch_size or image.size(2) % patch_size:
-        raise ValueError(f"image must be [C, H, W] with H and W multiples of patch_size={patch_size}, got {tuple(image.shape)}.")
+        raise ValueError(
+            f"image must be [C, H, W] with H and W multiples of patch_size={patch_size}, got {tuple(image.shape)}."
+        )
     big = image.detach().float().cpu().repeat_interleave(scale, 1).repeat_interleave(scale, 2).clone()
     step = patch_size * scale
     big[:, ::step, :] = 1.0
@@ -79,8 +83,9 @@ def patch_grid_image(image: torch.Tensor, patch_size: int, scale: int = 4, indic
     return big
 
 
-def _token_tints(batch: int, num_tokens: int, context_indices: torch.Tensor, target_indices: torch.Tensor,
-                 device) -> tuple[torch.Tensor, torch.Tensor]:
+def _token_tints(
+    batch: int, num_tokens: int, context_indices: torch.Tensor, target_indices: torch.Tensor, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     # Per token: its tint [B, N, 3] (context blue, block m its colour, drawn over the context)
     # and whether it is painted at all [B, N].
     colour = torch.zeros(batch, num_tokens, 3, device=device)
@@ -89,13 +94,19 @@ def _token_tints(batch: int, num_tokens: int, context_indices: torch.Tensor, tar
     colour[rows, context_indices] = torch.tensor(CONTEXT_COLOUR, device=device)
     painted[rows, context_indices] = True
     for block in range(target_indices.size(1)):
-        colour[rows, target_indices[:, block]] = torch.tensor(TARGET_COLOURS[block % len(TARGET_COLOURS)], device=device)
+        colour[rows, target_indices[:, block]] = torch.tensor(
+            TARGET_COLOURS[block % len(TARGET_COLOURS)], device=device
+        )
         painted[rows, target_indices[:, block]] = True
     return colour, painted
 
 
 def mask_overlay(
-    images: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor, patch_size: int, alpha: float = 0.5
+    images: torch.Tensor,
+    context_indices: torch.Tensor,
+    target_indices: torch.Tensor,
+    patch_size: int,
+    alpha: float = 0.5,
 ) -> torch.Tensor:
     """Images ``[B, 3, H, W]`` in [0, 1] with the context patches tinted blue and each target
     block ``m`` tinted with ``TARGET_COLOURS[m]`` (targets drawn over the context); patches in
@@ -111,8 +122,14 @@ def mask_overlay(
     return torch.where(painted, tinted, 0.35 * images)
 
 
-def clip_mask_overlay(clips: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor,
-                      patch_size: int, tubelet_size: int, alpha: float = 0.5) -> torch.Tensor:
+def clip_mask_overlay(
+    clips: torch.Tensor,
+    context_indices: torch.Tensor,
+    target_indices: torch.Tensor,
+    patch_size: int,
+    tubelet_size: int,
+    alpha: float = 0.5,
+) -> torch.Tensor:
     """Clips ``[B, 3, T, H, W]`` in [0, 1] with the masks of their ``T' x H' x W'`` token grid:
     the first frame of each tubelet, tinted as :func:`mask_overlay` does, side by side in time
     order. Returns ``[B, 3, H, T' * W]``."""
@@ -121,7 +138,9 @@ def clip_mask_overlay(clips: torch.Tensor, context_indices: torch.Tensor, target
     colour, painted = _token_tints(batch, grid_t * grid_h * grid_w, context_indices, target_indices, clips.device)
     colour = colour.view(batch, grid_t, grid_h, grid_w, 3).permute(0, 4, 1, 2, 3)  # [B, 3, T', H', W']
     colour = colour.repeat_interleave(patch_size, 3).repeat_interleave(patch_size, 4)
-    painted = painted.view(batch, 1, grid_t, grid_h, grid_w).repeat_interleave(patch_size, 3).repeat_interleave(patch_size, 4)
+    painted = (
+        painted.view(batch, 1, grid_t, grid_h, grid_w).repeat_interleave(patch_size, 3).repeat_interleave(patch_size, 4)
+    )
     shown = clips[:, :, ::tubelet_size]  # [B, 3, T', H, W]
     tinted = torch.where(painted, (1 - alpha) * shown + alpha * colour, 0.35 * shown)
     return tinted.permute(0, 1, 3, 2, 4).reshape(batch, 3, height, grid_t * width)

@@ -24,8 +24,16 @@ class DDPChecks(L.Callback):
         pl_module.features = counting
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        sums = torch.stack([batch["images"].sum(), batch["context_indices"].float().sum(),
-                            (batch["target_indices"].float() * torch.arange(1, batch["target_indices"][0].numel() + 1).view(batch["target_indices"][0].shape)).sum()])
+        sums = torch.stack(
+            [
+                batch["images"].sum(),
+                batch["context_indices"].float().sum(),
+                (
+                    batch["target_indices"].float()
+                    * torch.arange(1, batch["target_indices"][0].numel() + 1).view(batch["target_indices"][0].shape)
+                ).sum(),
+            ]
+        )
         gathered = pl_module.all_gather(sums)  # [2, 3]
         self.images_differ.append(bool(gathered[0, 0] != gathered[1, 0]))
         self.masks_differ.append(bool((gathered[0, 1:] != gathered[1, 1:]).any()))
@@ -41,14 +49,18 @@ class DDPChecks(L.Callback):
     def on_train_end(self, trainer, pl_module):
         encoded = pl_module.all_gather(torch.tensor(self.encoded)).tolist()
         if trainer.is_global_zero:
-            Path(self.output).write_text(json.dumps({
-                "world_size": trainer.world_size,
-                "steps": trainer.global_step,
-                "images_differ": self.images_differ,
-                "masks_differ": self.masks_differ,
-                "online_equal": self.online_equal,
-                "target_equal": self.target_equal,
-                "knn_top1": float(trainer.callback_metrics["val/knn_top1"]),
-                "val_loss": float(trainer.callback_metrics["val/loss"]),
-                "encoded_per_rank": encoded,
-            }))
+            Path(self.output).write_text(
+                json.dumps(
+                    {
+                        "world_size": trainer.world_size,
+                        "steps": trainer.global_step,
+                        "images_differ": self.images_differ,
+                        "masks_differ": self.masks_differ,
+                        "online_equal": self.online_equal,
+                        "target_equal": self.target_equal,
+                        "knn_top1": float(trainer.callback_metrics["val/knn_top1"]),
+                        "val_loss": float(trainer.callback_metrics["val/loss"]),
+                        "encoded_per_rank": encoded,
+                    }
+                )
+            )

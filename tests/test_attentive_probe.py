@@ -50,33 +50,80 @@ def test_the_classifier_is_seeded_and_leaves_the_global_rng_alone():
 def test_probe_runs_at_start_and_end_of_fit_and_in_test(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, num_workers=0, crop_scale=None,
-                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=64, shapes_val_size=64)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        batch_size=32,
+        num_workers=0,
+        crop_scale=None,
+        target_scale=(0.1, 0.15),
+        min_keep=2,
+        shapes_train_size=64,
+        shapes_val_size=64,
+    )
     logger = CSVLogger(tmp_path)
-    trainer = L.Trainer(callbacks=[AttentiveProbe(num_heads=2, steps=20)], logger=logger, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, max_steps=2, limit_val_batches=0)
+    trainer = L.Trainer(
+        callbacks=[AttentiveProbe(num_heads=2, steps=20)],
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        max_steps=2,
+        limit_val_batches=0,
+    )
     model = IJEPA(**TINY_MODEL)
     trainer.fit(model, datamodule=data)
     with open(f"{logger.log_dir}/metrics.csv") as file:
-        values = {int(row["step"]): float(row["val/attentive_top1"]) for row in csv.DictReader(file) if row.get("val/attentive_top1")}
+        values = {
+            int(row["step"]): float(row["val/attentive_top1"])
+            for row in csv.DictReader(file)
+            if row.get("val/attentive_top1")
+        }
     assert sorted(values) == [0, 2] and all(0.0 <= v <= 1.0 for v in values.values())
-    tested = L.Trainer(callbacks=[AttentiveProbe(num_heads=2, steps=5)], logger=False, enable_progress_bar=False,
-                       enable_model_summary=False).test(model, datamodule=data, verbose=False)[0]
+    tested = L.Trainer(
+        callbacks=[AttentiveProbe(num_heads=2, steps=5)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    ).test(model, datamodule=data, verbose=False)[0]
     assert "test/attentive_top1" in tested
     assert model.token_features(torch.randn(2, 3, 32, 32)).shape == (2, 16, 32)
 
 
-@pytest.mark.parametrize("kwargs, match", [({"steps": 0}, "steps must be >= 1"), ({"lr": 0.0}, "lr must be > 0"),
-                                           ({"weight_decay": -1.0}, "weight_decay must be >= 0"),
-                                           ({"encoder": "ema"}, "encoder")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"steps": 0}, "steps must be >= 1"),
+        ({"lr": 0.0}, "lr must be > 0"),
+        ({"weight_decay": -1.0}, "weight_decay must be >= 0"),
+        ({"encoder": "ema"}, "encoder"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         AttentiveProbe(**kwargs)
 
 
 def test_heads_must_divide_the_encoder_width(tmp_path):
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, num_workers=0, crop_scale=None,
-                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=64, shapes_val_size=64)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        batch_size=32,
+        num_workers=0,
+        crop_scale=None,
+        target_scale=(0.1, 0.15),
+        min_keep=2,
+        shapes_train_size=64,
+        shapes_val_size=64,
+    )
     with pytest.raises(ValueError, match="AttentiveProbe num_heads must divide the encoder width 32, got 3"):
-        L.Trainer(callbacks=[AttentiveProbe(num_heads=3)], logger=False, enable_progress_bar=False,
-                  max_steps=1, limit_val_batches=0, default_root_dir=tmp_path).fit(IJEPA(**TINY_MODEL), datamodule=data)
+        L.Trainer(
+            callbacks=[AttentiveProbe(num_heads=3)],
+            logger=False,
+            enable_progress_bar=False,
+            max_steps=1,
+            limit_val_batches=0,
+            default_root_dir=tmp_path,
+        ).fit(IJEPA(**TINY_MODEL), datamodule=data)

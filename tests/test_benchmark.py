@@ -13,12 +13,35 @@ from ijepa.module import IJEPA
 
 
 def test_benchmark_prints_a_table_and_one_json_line(capsys):
-    result = main(["--config", str(Path(__file__).with_name("tiny.yaml")), "--steps", "2", "--warmup", "1", "--mask-repeats", "5", "--knn-limit", "64"])
+    result = main(
+        [
+            "--config",
+            str(Path(__file__).with_name("tiny.yaml")),
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--mask-repeats",
+            "5",
+            "--knn-limit",
+            "64",
+        ]
+    )
     out = capsys.readouterr().out
     line = next(text for text in out.splitlines() if text.startswith("BENCHMARK "))
-    assert json.loads(line[len("BENCHMARK "):]) == json.loads(json.dumps(result))
-    for key in ("images_per_s", "baseline_images_per_s", "speedup", "flops_per_step", "peak_memory_mb",
-                "masks_per_s", "baseline_masks_per_s", "knn_seconds", "worker_images_per_s", "one_pass_images_per_s"):
+    assert json.loads(line[len("BENCHMARK ") :]) == json.loads(json.dumps(result))
+    for key in (
+        "images_per_s",
+        "baseline_images_per_s",
+        "speedup",
+        "flops_per_step",
+        "peak_memory_mb",
+        "masks_per_s",
+        "baseline_masks_per_s",
+        "knn_seconds",
+        "worker_images_per_s",
+        "one_pass_images_per_s",
+    ):
         assert result[key] > 0, key
     assert abs(result["loss"] - result["baseline_loss"]) < 1e-5  # the same math
     assert "training step (images/s)" in out
@@ -61,7 +84,9 @@ def test_gpu_suite_runs_its_models_on_any_device(monkeypatch, capsys):
 
     tiny = str(Path(__file__).with_name("tiny.yaml"))
     monkeypatch.setattr(gpu, "SUITE", {"tiny": (tiny, ["--data.batch_size=8"])})
-    results = gpu.main(["--device", "cpu", "--precision", "32-true", "--steps", "1", "--warmup", "1", "--peak-tflops", "1"])
+    results = gpu.main(
+        ["--device", "cpu", "--precision", "32-true", "--steps", "1", "--warmup", "1", "--peak-tflops", "1"]
+    )
     assert results[0]["model"] == "tiny" and results[0]["batch_size"] == 8 and 0 < results[0]["mfu"] < 1
     assert gpu.peak_tflops("NVIDIA H200") == 989.0 and gpu.peak_tflops("Mystery GPU") is None
 
@@ -86,6 +111,18 @@ def test_fit_loop_splits_step_and_data_wait(capsys):
 
 
 def test_benchmark_times_the_one_pass_predictor_separately(capsys):
-    result = main(["--config", str(Path(__file__).with_name("tiny.yaml")), "--steps", "1", "--warmup", "1",
-                   "--mask-repeats", "2", "--no-knn", "--no-baseline"])
+    result = main(
+        [
+            "--config",
+            str(Path(__file__).with_name("tiny.yaml")),
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--mask-repeats",
+            "2",
+            "--no-knn",
+            "--no-baseline",
+        ]
+    )
     assert result["one_pass_images_per_s"] > 0 and "one-pass predictor" in capsys.readouterr().out

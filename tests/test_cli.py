@@ -87,9 +87,14 @@ def test_fit_and_validate_on_stl10_binary_layout(tmp_path):
 
     write_stl10(tmp_path / "data")
     stl_args = [
-        "--data.dataset=stl10", f"--data.root={tmp_path / 'data'}", "--data.download=false",
-        "--data.image_size=96", "--data.batch_size=10", "--data.min_keep=4",
-        "--data.target_scale=[0.15, 0.2]", "--trainer.max_steps=4",
+        "--data.dataset=stl10",
+        f"--data.root={tmp_path / 'data'}",
+        "--data.download=false",
+        "--data.image_size=96",
+        "--data.batch_size=10",
+        "--data.min_keep=4",
+        "--data.target_scale=[0.15, 0.2]",
+        "--trainer.max_steps=4",
     ]
     output = run_cli("fit", "--config", str(CONFIG), *stl_args, cwd=tmp_path)
     assert "random init" in output
@@ -108,8 +113,9 @@ def test_test_and_predict_from_checkpoint(fitted_run):
     assert "test/knn_top1" in output and "test/loss" in output
 
     out = cwd / "predicted"
-    output = run_cli("predict", "--config", str(CONFIG), "--ckpt_path", str(ckpt),
-                     f"--feature_writer.output_dir={out}", cwd=cwd)
+    output = run_cli(
+        "predict", "--config", str(CONFIG), "--ckpt_path", str(ckpt), f"--feature_writer.output_dir={out}", cwd=cwd
+    )
     written = torch.load(out / "features.pt", weights_only=True)
     features, labels = written["features"], written["labels"]
     assert features.shape == (160, 32) and labels.shape == (160,)  # the held-out split, width 32
@@ -118,8 +124,9 @@ def test_test_and_predict_from_checkpoint(fitted_run):
 
     from ijepa.data import IJEPADataModule
 
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, num_workers=0, shapes_train_size=640,
-                           shapes_val_size=160)
+    data = IJEPADataModule(
+        dataset="shapes", image_size=32, patch_size=8, num_workers=0, shapes_train_size=640, shapes_val_size=160
+    )
     data.setup("predict")
     assert labels.tolist() == torch.cat([batch["labels"] for batch in data.predict_dataloader()]).tolist()
 
@@ -144,8 +151,16 @@ def test_sigreg_keeps_the_features_from_collapsing_dimensionally(tmp_path):
     from ijepa.data import IJEPADataModule
     from ijepa.module import IJEPA
 
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, num_workers=0, crop_scale=None,
-                           shapes_train_size=640, shapes_val_size=160)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        batch_size=32,
+        num_workers=0,
+        crop_scale=None,
+        shapes_train_size=640,
+        shapes_val_size=160,
+    )
     data.setup("fit")
     images = torch.cat([batch["images"] for batch in data.knn_test_dataloader()])
     final = {}

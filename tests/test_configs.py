@@ -30,7 +30,15 @@ def test_config_builds(config, tmp_path):
         assert {"EMATargetUpdate", "KNNProbe", "LinearProbe", "ModelCheckpoint", "CollapseMonitor"} <= callbacks
         return
     assert data.grid_size == model.encoder.grid_size
-    assert {"EMATargetUpdate", "KNNProbe", "ModelCheckpoint", "PositionSimilarityImages", "PositionEmbeddingInterpolation", "CollapseMonitor", "JEPAImages"} <= callbacks
+    assert {
+        "EMATargetUpdate",
+        "KNNProbe",
+        "ModelCheckpoint",
+        "PositionSimilarityImages",
+        "PositionEmbeddingInterpolation",
+        "CollapseMonitor",
+        "JEPAImages",
+    } <= callbacks
 
 
 def test_there_are_the_documented_configs():
@@ -67,7 +75,9 @@ def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path):
     root = Path(__file__).parents[1] / "configs"
     args = ["--config", str(root / "quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"]
     recipe = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
-    plain = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args + ["--config", str(root / "ablations" / "plain_ijepa.yaml")])
+    plain = IJEPACLI(
+        IJEPA, IJEPADataModule, run=False, args=args + ["--config", str(root / "ablations" / "plain_ijepa.yaml")]
+    )
     assert recipe.model.hparams.sigreg_weight > 0 and recipe.model.sigreg is not None
     assert plain.model.hparams.sigreg_weight == 0 and plain.model.sigreg is None
     assert plain.model.hparams.target_last_blocks == 1 and plain.model.hparams.rescale_residuals

@@ -11,7 +11,9 @@ from ijepa.nn.position import POSITION_EMBEDDINGS
 
 
 def padded_batch(batch_size=6, grid=4, seed=0):
-    sampler = MultiBlockMaskSampler(grid, num_target_blocks=3, target_scale=(0.1, 0.15), min_keep=2, context_policy="pad")
+    sampler = MultiBlockMaskSampler(
+        grid, num_target_blocks=3, target_scale=(0.1, 0.15), min_keep=2, context_policy="pad"
+    )
     generator = torch.Generator().manual_seed(seed)
     for _ in range(50):  # a batch whose contexts differ in length
         context, targets = sampler(batch_size, generator)
@@ -22,14 +24,20 @@ def padded_batch(batch_size=6, grid=4, seed=0):
 
 
 # one_pass refuses peg in the predictor (a convolution over the grid would mix the blocks)
-CASES = [(pos, mode) for pos in sorted(POSITION_EMBEDDINGS) for mode in ("per_block", "one_pass")
-         if (pos, mode) != ("peg", "one_pass")]
+CASES = [
+    (pos, mode)
+    for pos in sorted(POSITION_EMBEDDINGS)
+    for mode in ("per_block", "one_pass")
+    if (pos, mode) != ("peg", "one_pass")
+]
 
 
 @pytest.mark.parametrize("pos_embed, predictor_mode", CASES)
 def test_padding_changes_no_real_output(pos_embed, predictor_mode):
     torch.manual_seed(0)
-    model = IJEPA(**TINY_MODEL, pos_embed=pos_embed, predictor_pos_embed=pos_embed, predictor_mode=predictor_mode).eval()
+    model = IJEPA(
+        **TINY_MODEL, pos_embed=pos_embed, predictor_pos_embed=pos_embed, predictor_mode=predictor_mode
+    ).eval()
     context, targets, mask = padded_batch()
     images = torch.randn(context.size(0), 3, 32, 32)
     with torch.no_grad():
@@ -37,9 +45,9 @@ def test_padding_changes_no_real_output(pos_embed, predictor_mode):
         predicted = model.predictor(encoded, context, targets, context_mask=mask)
         for i in range(context.size(0)):
             keep = int(mask[i].sum())
-            alone = model.encoder(images[i:i + 1], context[i:i + 1, :keep])
+            alone = model.encoder(images[i : i + 1], context[i : i + 1, :keep])
             torch.testing.assert_close(encoded[i, :keep], alone[0], atol=1e-5, rtol=1e-5)
-            alone_prediction = model.predictor(alone, context[i:i + 1, :keep], targets[i:i + 1])
+            alone_prediction = model.predictor(alone, context[i : i + 1, :keep], targets[i : i + 1])
             torch.testing.assert_close(predicted[i], alone_prediction[0], atol=1e-5, rtol=1e-5)
 
 

@@ -89,8 +89,16 @@ def check_masked_batch(batch: dict, batch_size: int, image_size: int, num_patche
 
 
 def stl_module(root: Path, **overrides) -> IJEPADataModule:
-    kwargs = dict(dataset="stl10", root=str(root), image_size=STL_SIZE, patch_size=8, batch_size=8,
-                  knn_batch_size=8, num_workers=0, crop_scale=None)
+    kwargs = dict(
+        dataset="stl10",
+        root=str(root),
+        image_size=STL_SIZE,
+        patch_size=8,
+        batch_size=8,
+        knn_batch_size=8,
+        num_workers=0,
+        crop_scale=None,
+    )
     kwargs.update(overrides)
     return IJEPADataModule(**kwargs)
 
@@ -195,8 +203,16 @@ def test_stl10_jepa_loss_finite(stl_root):
     dm = stl_module(stl_root)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
-    model = IJEPA(image_size=STL_SIZE, patch_size=8, embed_dim=32, depth=1, num_heads=2,
-                  predictor_embed_dim=16, predictor_depth=1, predictor_num_heads=2)
+    model = IJEPA(
+        image_size=STL_SIZE,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        predictor_embed_dim=16,
+        predictor_depth=1,
+        predictor_num_heads=2,
+    )
     loss = model.jepa_loss(batch)
     assert loss.dim() == 0 and torch.isfinite(loss) and loss > 0
     loss.backward()
@@ -251,8 +267,16 @@ def write_image_folder(root: Path, per_class: int, marker: int = 0) -> None:
 
 
 def folder_module(root: Path, **overrides) -> IJEPADataModule:
-    kwargs = dict(dataset="imagefolder", root=str(root), image_size=32, patch_size=4, batch_size=4,
-                  knn_batch_size=5, num_workers=0, crop_scale=None)
+    kwargs = dict(
+        dataset="imagefolder",
+        root=str(root),
+        image_size=32,
+        patch_size=4,
+        batch_size=4,
+        knn_batch_size=5,
+        num_workers=0,
+        crop_scale=None,
+    )
     kwargs.update(overrides)
     return IJEPADataModule(**kwargs)
 
@@ -348,8 +372,16 @@ def test_imagefolder_missing_root_names_data_root(tmp_path):
 
 # --- shapes ---------------------------------------------------------------------------------
 def shapes_module(**overrides) -> IJEPADataModule:
-    kwargs = dict(dataset="shapes", image_size=32, patch_size=4, batch_size=4, knn_batch_size=6,
-                  num_workers=0, shapes_train_size=20, shapes_val_size=10)
+    kwargs = dict(
+        dataset="shapes",
+        image_size=32,
+        patch_size=4,
+        batch_size=4,
+        knn_batch_size=6,
+        num_workers=0,
+        shapes_train_size=20,
+        shapes_val_size=10,
+    )
     kwargs.update(overrides)
     return IJEPADataModule(**kwargs)
 

@@ -24,11 +24,23 @@ def ddp_run(tmp_path_factory):
     report = cwd / "ddp.json"
     callback = json.dumps({"class_path": "ddp_checks.DDPChecks", "init_args": {"output": str(report)}})
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(TESTS))
-    args = [sys.executable, "-m", "ijepa", "fit", "--config", str(TESTS / "tiny.yaml"), *DATA,
-            "--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_steps=6",
-            # SIGReg all-reduces its statistic inside the step (tests/test_regularizers.py proves the math)
-            "--model.sigreg_weight=0.05", "--model.sigreg_tokens=64",
-            f"--trainer.callbacks+={callback}"]
+    args = [
+        sys.executable,
+        "-m",
+        "ijepa",
+        "fit",
+        "--config",
+        str(TESTS / "tiny.yaml"),
+        *DATA,
+        "--trainer.strategy=ddp",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.max_steps=6",
+        # SIGReg all-reduces its statistic inside the step (tests/test_regularizers.py proves the math)
+        "--model.sigreg_weight=0.05",
+        "--model.sigreg_tokens=64",
+        f"--trainer.callbacks+={callback}",
+    ]
     result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return cwd, json.loads(report.read_text()), result.stdout + result.stderr
@@ -49,11 +61,25 @@ def test_knn_probe_gathers_from_every_rank_and_matches_one_process(ddp_run, tmp_
     # and two validations): 3 * 128, where a probe that ran everything on every rank would be 3 * 256
     assert report["encoded_per_rank"] == [3 * 128, 3 * 128]
     model = IJEPA.load_from_checkpoint(cwd / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, num_workers=0,
-                           crop_scale=None, target_scale=(0.1, 0.15), min_keep=2,
-                           shapes_train_size=192, shapes_val_size=64)
-    trainer = L.Trainer(callbacks=[KNNProbe()], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=tmp_path)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        batch_size=32,
+        num_workers=0,
+        crop_scale=None,
+        target_scale=(0.1, 0.15),
+        min_keep=2,
+        shapes_train_size=192,
+        shapes_val_size=64,
+    )
+    trainer = L.Trainer(
+        callbacks=[KNNProbe()],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     metrics = trainer.validate(model, datamodule=data, verbose=False)[0]
     assert metrics["val/knn_top1"] == pytest.approx(report["knn_top1"], abs=1e-6)
     assert torch.isfinite(torch.tensor(report["val_loss"]))

@@ -38,6 +38,7 @@ def test_patch_grid_lines_and_row_major_labels():
         for c in range(6):  # every cell got its label drawn, nothing outside the cells changed
             cell = labelled[:, r * 32 + 1 : (r + 1) * 32, c * 32 + 1 : (c + 1) * 32]
             assert cell.sum() > 0
+
     # wider labels for two-digit indices: patch 23 (r=3, c=5) uses more ink than patch 1
     def ink(r, c):
         return labelled[:, r * 32 + 1 : (r + 1) * 32, c * 32 + 1 : (c + 1) * 32].sum()

@@ -26,8 +26,14 @@ def test_rankme_and_std_on_known_spectra():
 
 
 def _validate(model, tmp_path, monitor):
-    trainer = L.Trainer(callbacks=[monitor], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        callbacks=[monitor],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.validate(model, dataloaders=random_loader(num_images=48, batch_size=16), verbose=False)
     return trainer.callback_metrics
 
@@ -53,9 +59,17 @@ def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(tmp_
 
     model = BlowsUp(**TINY_MODEL, warmup_steps=1)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_last=True)
-    trainer = L.Trainer(max_steps=6, callbacks=[EMATargetUpdate(), checkpoint], logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
-    with pytest.raises(FloatingPointError, match=r"non-finite train/loss \(nan\) at step 3 .*Last good checkpoint: .*last\.ckpt"):
+    trainer = L.Trainer(
+        max_steps=6,
+        callbacks=[EMATargetUpdate(), checkpoint],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(
+        FloatingPointError, match=r"non-finite train/loss \(nan\) at step 3 .*Last good checkpoint: .*last\.ckpt"
+    ):
         trainer.fit(model, train_dataloaders=random_loader(num_images=64))
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 2  # the step-2 checkpoint, untouched
@@ -78,8 +92,11 @@ def test_truncated_or_missing_checkpoint_is_a_clear_error(tmp_path):
 
     def validate(path):
         with mock.patch("sys.argv", ["ijepa"]):
-            IJEPACLI(IJEPA, IJEPADataModule, args=["validate", "--config", config, f"--ckpt_path={path}",
-                                                   f"--trainer.default_root_dir={tmp_path}"])
+            IJEPACLI(
+                IJEPA,
+                IJEPADataModule,
+                args=["validate", "--config", config, f"--ckpt_path={path}", f"--trainer.default_root_dir={tmp_path}"],
+            )
 
     with pytest.raises(ValueError, match=f"cannot read ckpt_path='{truncated}'.*truncated"):
         validate(truncated)
@@ -124,7 +141,9 @@ def test_collapse_monitor_warns_on_dimensional_collapse_relative_to_the_width(tm
     model = IJEPA(**TINY_MODEL)
     with torch.no_grad():  # features vary in 2 of the 32 channels only: rankme <= 2 < 10% of 32
         model.target_encoder.transformer.norm.weight[2:].zero_()
-    with pytest.warns(UserWarning, match=r"val/rankme=.* < 3.2 \(rankme_threshold=1.5, rankme_fraction=0.1 of the width 32\)"):
+    with pytest.warns(
+        UserWarning, match=r"val/rankme=.* < 3.2 \(rankme_threshold=1.5, rankme_fraction=0.1 of the width 32\)"
+    ):
         metrics = _validate(model, tmp_path, CollapseMonitor(rankme_threshold=1.5, rankme_fraction=0.1))
     assert 1.0 <= metrics["val/rankme"] <= 2.0 + 1e-4
     assert CollapseMonitor(rankme_threshold=1.5, rankme_fraction=0.1).rankme_floor(768) == pytest.approx(76.8)
@@ -137,11 +156,28 @@ def test_collapse_monitor_logs_the_random_init_reference_at_step_0(tmp_path):
 
     from ijepa.data import IJEPADataModule
 
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=16, num_workers=0, crop_scale=None,
-                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=32, shapes_val_size=32)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        batch_size=16,
+        num_workers=0,
+        crop_scale=None,
+        target_scale=(0.1, 0.15),
+        min_keep=2,
+        shapes_train_size=32,
+        shapes_val_size=32,
+    )
     logger = CSVLogger(tmp_path)
-    trainer = L.Trainer(callbacks=[CollapseMonitor()], logger=logger, max_steps=1, limit_val_batches=0,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        callbacks=[CollapseMonitor()],
+        logger=logger,
+        max_steps=1,
+        limit_val_batches=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     model = IJEPA(**TINY_MODEL)
     trainer.fit(model, datamodule=data)
     import csv

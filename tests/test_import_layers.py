@@ -63,7 +63,9 @@ def imported_modules(source: str, name: str, is_package: bool = False) -> list[t
             else:
                 target = node.module or ""
             # `from ijepa.nn import vit` imports the submodule ijepa.nn.vit too
-            targets = [target] + [f"{target}.{alias.name}" for alias in node.names if _is_module(f"{target}.{alias.name}")]
+            targets = [target] + [
+                f"{target}.{alias.name}" for alias in node.names if _is_module(f"{target}.{alias.name}")
+            ]
         else:
             continue
         found += [(t, node.lineno, id(node) in top) for t in targets if t == "ijepa" or t.startswith("ijepa.")]
@@ -77,14 +79,19 @@ GRAPH = {module_name(p): imported_modules(p.read_text(), module_name(p), p.name 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
 def test_no_module_imports_from_a_layer_above_its_own(path):
     importer = module_name(path)
-    upward = [f"line {line}: {module} (layer {layer_of(module)} > {layer_of(importer)})"
-              for module, line, _ in GRAPH[importer] if layer_of(module) > layer_of(importer)]
+    upward = [
+        f"line {line}: {module} (layer {layer_of(module)} > {layer_of(importer)})"
+        for module, line, _ in GRAPH[importer]
+        if layer_of(module) > layer_of(importer)
+    ]
     assert not upward, f"{importer} imports upward:\n" + "\n".join(upward)
 
 
 def test_the_import_graph_has_no_cycles():
-    edges = {name: {module for module, _, _ in imports if module in GRAPH and module != name}
-             for name, imports in GRAPH.items()}
+    edges = {
+        name: {module for module, _, _ in imports if module in GRAPH and module != name}
+        for name, imports in GRAPH.items()
+    }
     # a package's __init__ re-exporting its submodules is not a cycle with them
     for name in edges:
         edges[name] = {m for m in edges[name] if not name.startswith(m + ".")}
@@ -96,7 +103,7 @@ def test_the_import_graph_has_no_cycles():
         stack.append(node)
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                cycle = stack[stack.index(nxt):] + [nxt]
+                cycle = stack[stack.index(nxt) :] + [nxt]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if nxt not in state:
                 visit(nxt)

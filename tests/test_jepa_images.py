@@ -46,17 +46,34 @@ def test_loss_map_sums_back_to_the_loss():
 
 
 def test_callback_logs_images_and_histograms(tmp_path):
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=16, num_workers=0, crop_scale=None,
-                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=40, shapes_val_size=32)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        batch_size=16,
+        num_workers=0,
+        crop_scale=None,
+        target_scale=(0.1, 0.15),
+        min_keep=2,
+        shapes_train_size=40,
+        shapes_val_size=32,
+    )
     logger = TensorBoardLogger(tmp_path, name="", version=0)
-    trainer = L.Trainer(callbacks=[JEPAImages(num_images=4)], logger=logger, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        callbacks=[JEPAImages(num_images=4)],
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.validate(IJEPA(**{**TINY_MODEL, "pos_embed": "learned"}), datamodule=data, verbose=False)
     logger.experiment.flush()
     events = EventAccumulator(str(tmp_path / "version_0"), size_guidance={"images": 0, "histograms": 0})
     events.Reload()
     assert {"jepa/masks", "jepa/loss_map"} <= set(events.Tags()["images"])
-    assert {"hist/target_features", "hist/positions_encoder", "hist/positions_predictor"} <= set(events.Tags()["histograms"])
+    assert {"hist/target_features", "hist/positions_encoder", "hist/positions_predictor"} <= set(
+        events.Tags()["histograms"]
+    )
     masks = events.Images("jepa/masks")[0]
     assert (masks.width, masks.height) == (4 * 32 + 5 * 2, 32 + 2 * 2)  # make_grid of 4 images, padding 2
 
@@ -70,7 +87,14 @@ def test_clip_overlay_marks_each_time_slice():
     assert out.shape == (1, 3, 8, 2 * 8)  # two time slices side by side
     blue, red = 0.25 + 0.5 * torch.tensor(CONTEXT_COLOUR), 0.25 + 0.5 * torch.tensor(TARGET_COLOURS[0])
     dark = torch.full((3,), 0.35 * 0.5)
-    for t, r, c, expected in [(0, 0, 0, blue), (0, 0, 1, red), (0, 1, 0, dark), (1, 0, 0, red), (1, 1, 1, blue), (1, 0, 1, dark)]:
+    for t, r, c, expected in [
+        (0, 0, 0, blue),
+        (0, 0, 1, red),
+        (0, 1, 0, dark),
+        (1, 0, 0, red),
+        (1, 1, 1, blue),
+        (1, 0, 1, dark),
+    ]:
         torch.testing.assert_close(out[0, :, r * patch + 1, t * 8 + c * patch + 1], expected, msg=f"token {(t, r, c)}")
 
 
@@ -80,15 +104,41 @@ def test_callbacks_log_clip_pictures(tmp_path):
     the time-slice similarity)."""
     from ijepa.callbacks import PositionSimilarityImages
 
-    data = IJEPADataModule(dataset="moving_shapes", num_frames=4, tubelet_size=2, image_size=16, patch_size=4,
-                           batch_size=8, num_workers=0, crop_scale=None, shapes_train_size=16, shapes_val_size=8,
-                           target_scale=(0.1, 0.15), clip_fps=10.0)
-    clip_model = dict(image_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, predictor_embed_dim=16,
-                      predictor_depth=1, predictor_num_heads=2, num_frames=4, tubelet_size=2)
+    data = IJEPADataModule(
+        dataset="moving_shapes",
+        num_frames=4,
+        tubelet_size=2,
+        image_size=16,
+        patch_size=4,
+        batch_size=8,
+        num_workers=0,
+        crop_scale=None,
+        shapes_train_size=16,
+        shapes_val_size=8,
+        target_scale=(0.1, 0.15),
+        clip_fps=10.0,
+    )
+    clip_model = dict(
+        image_size=16,
+        patch_size=4,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        predictor_embed_dim=16,
+        predictor_depth=1,
+        predictor_num_heads=2,
+        num_frames=4,
+        tubelet_size=2,
+    )
     for version, pos_embed in enumerate(("mrope", "learned_3d")):
         logger = TensorBoardLogger(tmp_path, name="", version=version)
-        trainer = L.Trainer(callbacks=[JEPAImages(num_images=3), PositionSimilarityImages()], logger=logger,
-                            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+        trainer = L.Trainer(
+            callbacks=[JEPAImages(num_images=3), PositionSimilarityImages()],
+            logger=logger,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )
         model = IJEPA(**clip_model, pos_embed=pos_embed, predictor_pos_embed=pos_embed, time_unit=0.2)
         trainer.validate(model, datamodule=data, verbose=False)
         logger.experiment.flush()

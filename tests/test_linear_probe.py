@@ -38,18 +38,40 @@ def test_shuffled_labels_give_chance_on_held_out_data():
 
 
 def test_probe_callback_reports_val_linear_top1(tmp_path):
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, num_workers=0, crop_scale=None,
-                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=200, shapes_val_size=100)
-    trainer = L.Trainer(callbacks=[LinearProbe(max_iter=50)], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=tmp_path, limit_val_batches=1)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        batch_size=32,
+        num_workers=0,
+        crop_scale=None,
+        target_scale=(0.1, 0.15),
+        min_keep=2,
+        shapes_train_size=200,
+        shapes_val_size=100,
+    )
+    trainer = L.Trainer(
+        callbacks=[LinearProbe(max_iter=50)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        limit_val_batches=1,
+    )
     metrics = trainer.validate(IJEPA(**TINY_MODEL), datamodule=data, verbose=False)[0]
     assert 0.0 <= metrics["val/linear_top1"] <= 1.0
     metrics = trainer.test(IJEPA(**TINY_MODEL), datamodule=data, verbose=False)[0]
     assert "test/linear_top1" in metrics
 
 
-@pytest.mark.parametrize("kwargs, match", [({"every_n_epochs": 0}, "every_n_epochs"), ({"encoder": "ema"}, "encoder"),
-                                           ({"last_blocks": 0}, "last_blocks must be >= 1")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"every_n_epochs": 0}, "every_n_epochs"),
+        ({"encoder": "ema"}, "encoder"),
+        ({"last_blocks": 0}, "last_blocks must be >= 1"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LinearProbe(**kwargs)
@@ -74,11 +96,28 @@ def test_pooled_features_of_the_last_blocks():
 def test_probe_runs_at_start_and_end_of_fit_on_several_blocks(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=32, num_workers=0, crop_scale=None,
-                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=64, shapes_val_size=64)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        batch_size=32,
+        num_workers=0,
+        crop_scale=None,
+        target_scale=(0.1, 0.15),
+        min_keep=2,
+        shapes_train_size=64,
+        shapes_val_size=64,
+    )
     logger = CSVLogger(tmp_path)
-    trainer = L.Trainer(callbacks=[LinearProbe(max_iter=20, last_blocks=2)], logger=logger, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, max_steps=2, limit_val_batches=0)
+    trainer = L.Trainer(
+        callbacks=[LinearProbe(max_iter=20, last_blocks=2)],
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        max_steps=2,
+        limit_val_batches=0,
+    )
     trainer.fit(IJEPA(**TINY_MODEL), datamodule=data)
     import csv
 
@@ -86,8 +125,13 @@ def test_probe_runs_at_start_and_end_of_fit_on_several_blocks(tmp_path):
         steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("val/linear_top1")]
     assert steps == [0, 2]
     with pytest.raises(ValueError, match=r"last_blocks must be in 1\.\.2 \(the encoder depth\), got 3"):
-        L.Trainer(callbacks=[LinearProbe(last_blocks=3)], logger=False, enable_progress_bar=False,
-                  max_steps=1, limit_val_batches=0).fit(IJEPA(**TINY_MODEL), datamodule=data)
+        L.Trainer(
+            callbacks=[LinearProbe(last_blocks=3)],
+            logger=False,
+            enable_progress_bar=False,
+            max_steps=1,
+            limit_val_batches=0,
+        ).fit(IJEPA(**TINY_MODEL), datamodule=data)
 
 
 def test_knn_and_linear_probes_encode_the_data_once_per_weights(tmp_path):
@@ -95,11 +139,27 @@ def test_knn_and_linear_probes_encode_the_data_once_per_weights(tmp_path):
 
     from ijepa.callbacks import KNNProbe
 
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=50, num_workers=0, crop_scale=None,
-                           target_scale=(0.1, 0.15), min_keep=2, shapes_train_size=100, shapes_val_size=50)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        batch_size=50,
+        num_workers=0,
+        crop_scale=None,
+        target_scale=(0.1, 0.15),
+        min_keep=2,
+        shapes_train_size=100,
+        shapes_val_size=50,
+    )
     model = IJEPA(**TINY_MODEL)
-    trainer = L.Trainer(callbacks=[KNNProbe(), LinearProbe(max_iter=20)], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=tmp_path, limit_val_batches=1)
+    trainer = L.Trainer(
+        callbacks=[KNNProbe(), LinearProbe(max_iter=20)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        limit_val_batches=1,
+    )
     with mock.patch.object(IJEPA, "features", autospec=True, side_effect=IJEPA.features) as features:
         first = trainer.validate(model, datamodule=data, verbose=False)[0]
         assert features.call_count == 2  # one bank batch + one query batch, shared by the two probes

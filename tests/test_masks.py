@@ -60,10 +60,12 @@ def test_pad_keeps_every_context_patch_that_thin_cuts():
 def uniform_coverage(grid: int, height: int, width: int) -> torch.Tensor:
     """Probability that each cell is inside one ``height x width`` block whose corner is uniform
     over the ``(G - h + 1) x (G - w + 1)`` positions inside the grid, ``[G, G]``."""
+
     def axis(size):
         starts = torch.arange(grid - size + 1)
         cells = torch.arange(grid)
         return ((cells[None] >= starts[:, None]) & (cells[None] < starts[:, None] + size)).float().mean(0)
+
     return axis(height)[:, None] * axis(width)[None, :]
 
 

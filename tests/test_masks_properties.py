@@ -15,7 +15,9 @@ def ranges(draw, low, high):
     return (min(a, b), max(a, b))
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     grid=st.integers(2, 14),
     blocks=st.integers(1, 6),
@@ -31,8 +33,9 @@ def test_sampler_either_satisfies_every_invariant_or_says_why(
     grid, blocks, target_scale, target_aspect, context_scale, min_keep_fraction, batch, seed, policy
 ):
     min_keep = max(1, int(min_keep_fraction * grid * grid))
-    sampler = MultiBlockMaskSampler(grid, blocks, target_scale, target_aspect, context_scale, min_keep=min_keep,
-                                    max_tries=5, context_policy=policy)
+    sampler = MultiBlockMaskSampler(
+        grid, blocks, target_scale, target_aspect, context_scale, min_keep=min_keep, max_tries=5, context_policy=policy
+    )
     try:
         context, targets = sampler(batch, torch.Generator().manual_seed(seed))
     except ValueError as error:  # only ever the documented "cannot be satisfied" error
@@ -63,11 +66,14 @@ def test_same_generator_seed_same_masks(grid, seed, batch):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"grid_size": 1}, "grid_size must be >= 2"),
-    ({"grid_size": 4, "min_keep": 16}, r"min_keep must be in \[1, 15\]"),
-    ({"grid_size": 4, "target_scale": (0.5, 1.5)}, "target_scale"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"grid_size": 1}, "grid_size must be >= 2"),
+        ({"grid_size": 4, "min_keep": 16}, r"min_keep must be in \[1, 15\]"),
+        ({"grid_size": 4, "target_scale": (0.5, 1.5)}, "target_scale"),
+    ],
+)
 def test_impossible_settings_name_the_parameter(kwargs, match):
     with pytest.raises(ValueError, match=match):
         MultiBlockMaskSampler(**kwargs)

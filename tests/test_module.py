@@ -78,11 +78,15 @@ def test_smooth_l1_and_mse_losses_match_hand_computation():
             h = torch.nn.functional.layer_norm(h, h.shape[-1:])
             t = batch["target_indices"]
             targets = torch.stack([h[b][t[b]] for b in range(2)])  # [B, M, Kt, D]
-            pred = model.predictor(model.encoder(batch["images"], batch["context_indices"]), batch["context_indices"], t)
+            pred = model.predictor(
+                model.encoder(batch["images"], batch["context_indices"]), batch["context_indices"], t
+            )
             diff = pred - targets
-            expected = diff.pow(2).mean() if loss == "mse" else torch.where(
-                diff.abs() < 1, 0.5 * diff.pow(2), diff.abs() - 0.5
-            ).mean()
+            expected = (
+                diff.pow(2).mean()
+                if loss == "mse"
+                else torch.where(diff.abs() < 1, 0.5 * diff.pow(2), diff.abs() - 0.5).mean()
+            )
             assert torch.allclose(model.jepa_loss(batch), expected, atol=1e-6)
     with pytest.raises(ValueError, match="loss must be one of"):
         IJEPA(**TINY_MODEL, loss="l3")
@@ -141,7 +145,9 @@ def test_target_moves_only_by_ema_once_per_optimizer_step(tmp_path):
 
 
 def test_optimizer_groups_and_schedules_follow_global_step(tmp_path):
-    model = IJEPA(**TINY_MODEL, lr=1e-3, start_lr=0.0, final_lr=0.0, warmup_steps=2, weight_decay=0.04, final_weight_decay=0.4)
+    model = IJEPA(
+        **TINY_MODEL, lr=1e-3, start_lr=0.0, final_lr=0.0, warmup_steps=2, weight_decay=0.04, final_weight_decay=0.4
+    )
     seen = []
 
     class Recorder(L.Callback):
@@ -149,8 +155,15 @@ def test_optimizer_groups_and_schedules_follow_global_step(tmp_path):
             groups = optimizer.param_groups
             seen.append((trainer.global_step, groups[0]["lr"], groups[0]["weight_decay"], groups[1]["weight_decay"]))
 
-    trainer = L.Trainer(max_steps=4, callbacks=[Recorder()], logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_steps=4,
+        callbacks=[Recorder()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, train_dataloaders=random_loader(num_images=16))
     steps = [s for s, *_ in seen]
     assert steps == [0, 1, 2, 3]
@@ -171,7 +184,9 @@ def test_rescale_residuals_divides_output_projections_only_when_asked():
     rescaled = IJEPA(**{**TINY_MODEL, "depth": 4}, rescale_residuals=True)
     torch.manual_seed(0)
     official = IJEPA(**{**TINY_MODEL, "depth": 4}, rescale_residuals=False)
-    for layer, (a, b) in enumerate(zip(rescaled.encoder.transformer.blocks, official.encoder.transformer.blocks), start=1):
+    for layer, (a, b) in enumerate(
+        zip(rescaled.encoder.transformer.blocks, official.encoder.transformer.blocks), start=1
+    ):
         assert torch.allclose(a.attn.proj.weight * (2.0 * layer) ** 0.5, b.attn.proj.weight)
         assert torch.allclose(a.mlp.fc2.weight * (2.0 * layer) ** 0.5, b.mlp.fc2.weight)
         assert torch.equal(a.attn.qkv.weight, b.attn.qkv.weight)
@@ -206,11 +221,14 @@ def test_targets_average_the_last_blocks_each_layer_normed(monkeypatch):
         IJEPA(**TINY_MODEL, target_last_blocks=3)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"sigreg_weight": 1.5}, r"sigreg_weight must be in \[0, 1\]"),
-    ({"sigreg_input": "cls"}, "sigreg_input must be one of"),
-    ({"sigreg_tokens": 1}, "sigreg_tokens must be >= 2"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"sigreg_weight": 1.5}, r"sigreg_weight must be in \[0, 1\]"),
+        ({"sigreg_input": "cls"}, "sigreg_input must be one of"),
+        ({"sigreg_tokens": 1}, "sigreg_tokens must be >= 2"),
+    ],
+)
 def test_bad_regulariser_settings_name_the_parameter(kwargs, match):
     with pytest.raises(ValueError, match=match):
         IJEPA(**TINY_MODEL, **kwargs)
@@ -223,8 +241,10 @@ def test_several_mask_sets_per_image_average_their_losses_over_one_target_pass()
     sampler = MultiBlockMaskSampler(4, target_scale=(0.1, 0.15), min_keep=2)
     double = MaskCollator(sampler, masks_per_image=2)([(image, 0) for image in images])
     del double["labels"]
-    single = [{name: value if name == "images" else value[r * 4:(r + 1) * 4] for name, value in double.items()}
-              for r in range(2)]
+    single = [
+        {name: value if name == "images" else value[r * 4 : (r + 1) * 4] for name, value in double.items()}
+        for r in range(2)
+    ]
     passes = []
     handle = model.target_encoder.register_forward_hook(lambda mod, args, out: passes.append(args[0].size(0)))
     loss = model.jepa_loss(double)
@@ -233,14 +253,22 @@ def test_several_mask_sets_per_image_average_their_losses_over_one_target_pass()
     expected = (model.jepa_loss(single[0]) + model.jepa_loss(single[1])) / 2
     assert torch.allclose(loss, expected, atol=1e-6)
     with pytest.raises(ValueError, match="masks_per_image"):
-        model.jepa_loss({**double, "context_indices": double["context_indices"][:6], "target_indices": double["target_indices"][:6]})
+        model.jepa_loss(
+            {**double, "context_indices": double["context_indices"][:6], "target_indices": double["target_indices"][:6]}
+        )
 
 
 @pytest.mark.parametrize("with_ema", [False, True])
 def test_fit_warns_when_no_callback_moves_the_target_encoder(tmp_path, with_ema):
-    trainer = L.Trainer(max_steps=1, callbacks=[EMATargetUpdate()] if with_ema else [], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_steps=1,
+        callbacks=[EMATargetUpdate()] if with_ema else [],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(IJEPA(**TINY_MODEL), train_dataloaders=random_loader(num_images=8))
@@ -248,7 +276,9 @@ def test_fit_warns_when_no_callback_moves_the_target_encoder(tmp_path, with_ema)
     assert warned != with_ema
 
 
-@pytest.mark.parametrize("pos_embed", ["learned", "learned_2d", "sincos", "rope_axial", "rope_mixed", "peg", "relative_bias"])
+@pytest.mark.parametrize(
+    "pos_embed", ["learned", "learned_2d", "sincos", "rope_axial", "rope_mixed", "peg", "relative_bias"]
+)
 def test_weight_decay_spares_biases_norms_tables_and_the_mask_token_not_kernels(pos_embed):
     model = IJEPA(**{**TINY_MODEL, "pos_embed": pos_embed, "predictor_pos_embed": pos_embed})
     decay, no_decay = model.parameter_groups()

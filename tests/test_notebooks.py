@@ -41,13 +41,17 @@ def checkpoint(tmp_path_factory):
 
 def test_every_notebook_runs_as_a_script():
     for name in ("positions", "patches_and_masks", "encoder_debug"):
-        result = subprocess.run([sys.executable, str(NOTEBOOKS / f"{name}.py")], capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, str(NOTEBOOKS / f"{name}.py")], capture_output=True, text=True, timeout=120
+        )
         assert result.returncode == 0, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("kind", list(POSITION_EMBEDDINGS))
 def test_positions_notebook_for_every_type(kind):
-    _, defs = load("positions").run(defs={"kind": ui(kind), "grid": ui(5), "width": ui(32), "heads": ui(2), "checkpoint": ui("")})
+    _, defs = load("positions").run(
+        defs={"kind": ui(kind), "grid": ui(5), "width": ui(32), "heads": ui(2), "checkpoint": ui("")}
+    )
     assert type(defs["position"]) is POSITION_EMBEDDINGS[kind]
     has_table = kind in ("learned", "learned_2d", "sincos")
     assert ("Image" in repr(defs["table_view"]) or "img" in str(defs["table_view"].text)) == has_table
@@ -56,8 +60,9 @@ def test_positions_notebook_for_every_type(kind):
 
 
 def test_positions_notebook_shows_a_checkpoints_table(checkpoint):
-    _, defs = load("positions").run(defs={"kind": ui("sincos"), "grid": ui(6), "width": ui(64), "heads": ui(4),
-                                          "checkpoint": ui(checkpoint)})
+    _, defs = load("positions").run(
+        defs={"kind": ui("sincos"), "grid": ui(6), "width": ui(64), "heads": ui(4), "checkpoint": ui(checkpoint)}
+    )
     assert type(defs["position"]).__name__ == "Learned2DPositionEmbedding" and defs["position"].grid_height == 4
 
 
@@ -72,7 +77,14 @@ def test_encoder_debug_notebook_on_a_checkpoint(checkpoint):
     _, defs = load("encoder_debug").run()
     assert defs["on_all"]["output_shape"] == (8, 36, 128) and torch.isfinite(defs["loss"])
     tiny = str(Path(__file__).with_name("tiny.yaml"))
-    _, defs = load("encoder_debug").run(defs={"config": ui(tiny), "overrides": ui("--data.num_workers=0"),
-                                              "checkpoint": ui(checkpoint), "device": ui("cpu"), "batch_size": ui(4)})
+    _, defs = load("encoder_debug").run(
+        defs={
+            "config": ui(tiny),
+            "overrides": ui("--data.num_workers=0"),
+            "checkpoint": ui(checkpoint),
+            "device": ui("cpu"),
+            "batch_size": ui(4),
+        }
+    )
     assert defs["on_all"]["output_shape"] == (4, 16, 32)
     assert all(value > 0 for value in defs["on_context"]["grad_norms"].values())

@@ -66,8 +66,12 @@ def test_axial_rope_row_and_column_effects_separate():
     angles = encoding.angles(torch.tensor([[0, 3, 2 * g]]))[0, 0]  # (0,0), (0,3), (2,0)
     quarter = 16 // 4
     # a column move rotates only the column pairs, a row move only the row pairs
-    assert torch.equal(angles[1, :quarter], angles[0, :quarter]) and not torch.equal(angles[1, quarter:], angles[0, quarter:])
-    assert torch.equal(angles[2, quarter:], angles[0, quarter:]) and not torch.equal(angles[2, :quarter], angles[0, :quarter])
+    assert torch.equal(angles[1, :quarter], angles[0, :quarter]) and not torch.equal(
+        angles[1, quarter:], angles[0, quarter:]
+    )
+    assert torch.equal(angles[2, quarter:], angles[0, quarter:]) and not torch.equal(
+        angles[2, :quarter], angles[0, :quarter]
+    )
 
 
 def test_rope_mixed_can_mix_axes():
@@ -193,7 +197,7 @@ def test_cosine_similarity_grid_is_vit_figure_7():
     assert 0.0 <= image.min() and image.max() <= 1.0 + 1e-6
     for r in range(g_h):
         for c in range(g_w):
-            tile = image[0, r * (g_h + 1): r * (g_h + 1) + g_h, c * (g_w + 1): c * (g_w + 1) + g_w]
+            tile = image[0, r * (g_h + 1) : r * (g_h + 1) + g_h, c * (g_w + 1) : c * (g_w + 1) + g_w]
             # each position is most similar to itself
             assert tile[r, c] == pytest.approx(1.0, abs=1e-5)
             assert tile.argmax() == r * g_w + c

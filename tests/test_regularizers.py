@@ -15,7 +15,7 @@ from ijepa.regularizers import Projector, SIGReg, epps_pulley_terms, random_dire
 def test_sigreg_is_near_its_gaussian_expectation_for_gaussian_samples_at_any_batch_size():
     # E[N |phi_N(t) - phi(t)|^2] = 1 - exp(-t^2), integrated against exp(-t^2/2) over [-3, 3]
     t = torch.linspace(-3, 3, 20001)
-    expected = float(torch.trapezoid((1 - torch.exp(-t**2)) * torch.exp(-t**2 / 2), t))
+    expected = float(torch.trapezoid((1 - torch.exp(-(t**2))) * torch.exp(-(t**2) / 2), t))
     sigreg = SIGReg(num_slices=512)
     for n in (256, 4096):
         values = [float(sigreg(torch.randn(n, 64), seed=s)) for s in range(4)]
@@ -68,7 +68,9 @@ def test_characteristic_function_sums_match_the_definition():
     t = torch.arange(17) * 0.2
     cos_sum, sin_sum = epps_pulley_terms(x, 0.2, 17)
     ecf = torch.exp(1j * x.double()[..., None] * t.double()).sum(0)
-    assert torch.allclose(cos_sum.double(), ecf.real, atol=1e-3) and torch.allclose(sin_sum.double(), ecf.imag, atol=1e-3)
+    assert torch.allclose(cos_sum.double(), ecf.real, atol=1e-3) and torch.allclose(
+        sin_sum.double(), ecf.imag, atol=1e-3
+    )
 
 
 def test_characteristic_function_sums_have_the_analytic_gradient():
@@ -128,8 +130,15 @@ def test_two_ranks_compute_the_global_batch_statistic_and_its_gradient():
 
 def test_projector_maps_tokens_to_its_last_width_through_batchnorm_and_gelu():
     projector = Projector(32, [64, 48, 16])
-    assert [type(m).__name__ for m in projector] == ["Linear", "BatchNorm1d", "GELU", "Linear", "BatchNorm1d", "GELU",
-                                                     "Linear"]
+    assert [type(m).__name__ for m in projector] == [
+        "Linear",
+        "BatchNorm1d",
+        "GELU",
+        "Linear",
+        "BatchNorm1d",
+        "GELU",
+        "Linear",
+    ]
     assert projector(torch.randn(10, 32)).shape == (10, 16)
     assert Projector(32, [8])(torch.randn(3, 32)).shape == (3, 8)  # one width: a single Linear
 
@@ -144,8 +153,17 @@ def test_sigreg_behind_the_projector_trains_the_projector_and_the_encoder():
     from ijepa.module import IJEPA
 
     torch.manual_seed(0)
-    tiny = dict(image_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, predictor_embed_dim=16,
-                predictor_depth=1, predictor_num_heads=2, sigreg_weight=0.5)
+    tiny = dict(
+        image_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        predictor_embed_dim=16,
+        predictor_depth=1,
+        predictor_num_heads=2,
+        sigreg_weight=0.5,
+    )
     model = IJEPA(**tiny, sigreg_projector=[64, 16])
     assert isinstance(model.sigreg_projector, Projector) and model.sigreg_projector[-1].out_features == 16
     assert IJEPA(**tiny).sigreg_projector is None
@@ -163,8 +181,18 @@ def test_sigreg_behind_the_projector_trains_the_projector_and_the_encoder():
 def test_projector_share_splits_the_statistic_between_projector_output_and_tokens():
     from ijepa.module import IJEPA
 
-    tiny = dict(image_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, predictor_embed_dim=16,
-                predictor_depth=1, predictor_num_heads=2, sigreg_weight=0.5, sigreg_projector=[64, 32])
+    tiny = dict(
+        image_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        predictor_embed_dim=16,
+        predictor_depth=1,
+        predictor_num_heads=2,
+        sigreg_weight=0.5,
+        sigreg_projector=[64, 32],
+    )
     x = torch.randn(100, 32) * torch.linspace(0.1, 3.0, 32)  # far from isotropic
     torch.manual_seed(0)
     models = {share: IJEPA(**tiny, sigreg_projector_share=share).eval() for share in (0.0, 0.25, 1.0)}

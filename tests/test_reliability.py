@@ -50,8 +50,17 @@ def test_a_diverging_run_never_writes_or_names_a_non_finite_checkpoint(tmp_path)
     # save deleted the last finite checkpoint) and then named "Last good checkpoint".
     folder = tmp_path / "ckpt"
     with pytest.raises(FloatingPointError, match=r"non-finite .* at step \d+") as error:
-        cli("fit", "--config", CONFIG, "--config", every_step_config(tmp_path, folder), "--model.lr=1e3",
-            "--trainer.max_steps=12", "--trainer.check_val_every_n_epoch=100", f"--trainer.default_root_dir={tmp_path}")
+        cli(
+            "fit",
+            "--config",
+            CONFIG,
+            "--config",
+            every_step_config(tmp_path, folder),
+            "--model.lr=1e3",
+            "--trainer.max_steps=12",
+            "--trainer.check_val_every_n_epoch=100",
+            f"--trainer.default_root_dir={tmp_path}",
+        )
     saved = sorted(folder.glob("*.ckpt"))
     assert saved, "the finite checkpoints written before the divergence must survive"
     for path in saved:
@@ -61,8 +70,14 @@ def test_a_diverging_run_never_writes_or_names_a_non_finite_checkpoint(tmp_path)
 
 
 def test_a_checkpoint_with_non_finite_weights_is_refused_and_the_previous_one_kept(tmp_path):
-    model = cli("fit", "--config", CONFIG, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=2",
-                "--trainer.check_val_every_n_epoch=100").trainer
+    model = cli(
+        "fit",
+        "--config",
+        CONFIG,
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_steps=2",
+        "--trainer.check_val_every_n_epoch=100",
+    ).trainer
     path = tmp_path / "manual.ckpt"
     model.save_checkpoint(path)
     before = path.read_bytes()
@@ -74,12 +89,27 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_and_the_previous_one_ke
 
 
 def test_resume_flags_win_over_the_checkpoints_hyperparameters(tmp_path):
-    first = cli("fit", "--config", CONFIG, f"--trainer.default_root_dir={tmp_path / 'a'}", "--trainer.max_steps=4",
-                "--trainer.check_val_every_n_epoch=100")
+    first = cli(
+        "fit",
+        "--config",
+        CONFIG,
+        f"--trainer.default_root_dir={tmp_path / 'a'}",
+        "--trainer.max_steps=4",
+        "--trainer.check_val_every_n_epoch=100",
+    )
     last = first.trainer.checkpoint_callback.last_model_path
-    resumed = cli("fit", "--config", CONFIG, f"--ckpt_path={last}", "--model.lr=1e-5", "--model.warmup_steps=500",
-                  "--model.final_weight_decay=0.1", f"--trainer.default_root_dir={tmp_path / 'b'}",
-                  "--trainer.max_steps=6", "--trainer.check_val_every_n_epoch=100")
+    resumed = cli(
+        "fit",
+        "--config",
+        CONFIG,
+        f"--ckpt_path={last}",
+        "--model.lr=1e-5",
+        "--model.warmup_steps=500",
+        "--model.final_weight_decay=0.1",
+        f"--trainer.default_root_dir={tmp_path / 'b'}",
+        "--trainer.max_steps=6",
+        "--trainer.check_val_every_n_epoch=100",
+    )
     model = resumed.model
     assert (model.hparams.lr, model.hparams.warmup_steps, model.hparams.final_weight_decay) == (1e-5, 500, 0.1)
     assert model.hparams.depth == 2  # the architecture still comes from the checkpoint
@@ -91,24 +121,50 @@ def test_resume_flags_win_over_the_checkpoints_hyperparameters(tmp_path):
 
 
 def test_conflicting_architecture_flags_are_an_error_listing_them(tmp_path):
-    first = cli("fit", "--config", CONFIG, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1",
-                "--trainer.check_val_every_n_epoch=100")
+    first = cli(
+        "fit",
+        "--config",
+        CONFIG,
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_steps=1",
+        "--trainer.check_val_every_n_epoch=100",
+    )
     last = first.trainer.checkpoint_callback.last_model_path
     with pytest.raises(ValueError, match=r"model\.embed_dim=256 \(checkpoint: 32\), model\.depth=4 \(checkpoint: 2\)"):
-        cli("validate", "--config", CONFIG, f"--ckpt_path={last}", "--model.depth=4", "--model.embed_dim=256",
-            f"--trainer.default_root_dir={tmp_path}")
+        cli(
+            "validate",
+            "--config",
+            CONFIG,
+            f"--ckpt_path={last}",
+            "--model.depth=4",
+            "--model.embed_dim=256",
+            f"--trainer.default_root_dir={tmp_path}",
+        )
     # A run that does not set the architecture gets the checkpoint's, not the defaults (depth 12, width 192).
     no_model = tmp_path / "no_model.yaml"
-    no_model.write_text(Path(CONFIG).read_text().split("\nmodel:")[0] + "\ndata:" + Path(CONFIG).read_text().split("\ndata:")[1])
-    validated = cli("validate", "--config", str(no_model), f"--ckpt_path={last}", f"--trainer.default_root_dir={tmp_path}")
+    no_model.write_text(
+        Path(CONFIG).read_text().split("\nmodel:")[0] + "\ndata:" + Path(CONFIG).read_text().split("\ndata:")[1]
+    )
+    validated = cli(
+        "validate", "--config", str(no_model), f"--ckpt_path={last}", f"--trainer.default_root_dir={tmp_path}"
+    )
     assert (validated.model.hparams.depth, validated.model.hparams.embed_dim) == (2, 32)
 
 
 def _start_fit(tmp_path, *args):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     log = open(tmp_path / "fit.log", "w")
-    command = [sys.executable, "-m", "ijepa", "fit", "--config", CONFIG, f"--trainer.default_root_dir={tmp_path}",
-               "--trainer.check_val_every_n_epoch=100", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "ijepa",
+        "fit",
+        "--config",
+        CONFIG,
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.check_val_every_n_epoch=100",
+        *args,
+    ]
     return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -135,7 +191,9 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_non_zero(tmp_path):
     resumed = _start_fit(tmp_path / "resumed", f"--ckpt_path={saved[0]}", f"--trainer.max_steps={steps}")
     straight = _start_fit(tmp_path / "straight", f"--trainer.max_steps={steps}")
     assert resumed.wait(timeout=300) == 0 and straight.wait(timeout=300) == 0
-    ends = [torch.load(next((tmp_path / name).rglob("last.ckpt")), weights_only=True) for name in ("resumed", "straight")]
+    ends = [
+        torch.load(next((tmp_path / name).rglob("last.ckpt")), weights_only=True) for name in ("resumed", "straight")
+    ]
     assert ends[0]["global_step"] == ends[1]["global_step"] == steps
     for key, value in ends[1]["state_dict"].items():
         assert torch.equal(ends[0]["state_dict"][key], value), key
@@ -145,8 +203,15 @@ def test_an_unwritable_checkpoint_folder_fails_before_any_training(tmp_path):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("a file where the checkpoint folder should go")
     with pytest.raises(OSError, match=r"cannot write checkpoints to .*not_a_folder/ckpt"):
-        cli("fit", "--config", CONFIG, "--config", every_step_config(tmp_path, blocker / "ckpt"),
-            f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=2")
+        cli(
+            "fit",
+            "--config",
+            CONFIG,
+            "--config",
+            every_step_config(tmp_path, blocker / "ckpt"),
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.max_steps=2",
+        )
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
@@ -156,6 +221,14 @@ def test_partial_files_of_an_interrupted_save_are_removed_with_a_message(tmp_pat
     stale = folder / ".last.ckpt.tmp-999999999"  # no such process: the writer was killed mid-save
     stale.write_bytes(b"half a checkpoint")
     with pytest.warns(UserWarning, match=f"removed a partial checkpoint left by an interrupted save: {stale}"):
-        cli("fit", "--config", CONFIG, "--config", every_step_config(tmp_path, folder),
-            f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1", "--trainer.check_val_every_n_epoch=100")
+        cli(
+            "fit",
+            "--config",
+            CONFIG,
+            "--config",
+            every_step_config(tmp_path, folder),
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.max_steps=1",
+            "--trainer.check_val_every_n_epoch=100",
+        )
     assert not stale.exists()

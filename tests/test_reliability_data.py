@@ -40,7 +40,9 @@ def run_fit(tmp_path: Path, data: dict, callbacks: list[dict], max_steps: int):
     CSV file; returns the CLI (its trainer and datamodule)."""
     config = yaml.safe_load(TINY.read_text())
     config["trainer"].update(
-        max_steps=max_steps, default_root_dir=str(tmp_path), enable_checkpointing=False,
+        max_steps=max_steps,
+        default_root_dir=str(tmp_path),
+        enable_checkpointing=False,
         callbacks=[{"class_path": "ijepa.callbacks.EMATargetUpdate"}, *callbacks],
         logger={"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}},
     )
@@ -67,8 +69,15 @@ def two_class_folder(root: Path) -> Path:
 
 
 def test_val_folder_uses_train_class_index(tmp_path):
-    data = IJEPADataModule(dataset="imagefolder", root=str(two_class_folder(tmp_path)), image_size=32, patch_size=8,
-                           batch_size=4, num_workers=0, crop_scale=None)
+    data = IJEPADataModule(
+        dataset="imagefolder",
+        root=str(two_class_folder(tmp_path)),
+        image_size=32,
+        patch_size=8,
+        batch_size=4,
+        num_workers=0,
+        crop_scale=None,
+    )
     data.setup("fit")
     assert data.num_classes == 2
     square = data.split("knn_train").class_to_idx["square"]
@@ -80,8 +89,12 @@ def test_val_folder_uses_train_class_index(tmp_path):
 def test_probes_score_a_val_folder_with_fewer_classes_through_the_cli(tmp_path):
     """val/ holds only ``square``: numbered by its own folder it was class 0 (train's ``circle``),
     so both probes scored 0.0 on images they classify perfectly."""
-    cli = run_fit(tmp_path, {"dataset": "imagefolder", "root": str(two_class_folder(tmp_path / "data")), "batch_size": 8},
-                  PROBES, max_steps=2)
+    cli = run_fit(
+        tmp_path,
+        {"dataset": "imagefolder", "root": str(two_class_folder(tmp_path / "data")), "batch_size": 8},
+        PROBES,
+        max_steps=2,
+    )
     metrics = cli.trainer.callback_metrics
     assert float(metrics["val/knn_top1"]) == 1.0
     assert float(metrics["val/linear_top1"]) == 1.0
@@ -91,8 +104,11 @@ def test_val_class_missing_from_train_is_an_error_naming_class_and_folders(tmp_p
     root = two_class_folder(tmp_path)
     write_images(root / "val" / "triangle", 2, (0, 200, 0))
     data = IJEPADataModule(dataset="imagefolder", root=str(root), image_size=32, patch_size=8, num_workers=0)
-    with pytest.raises(ValueError, match=r"\['triangle'\] under .*val are not among the training split's classes "
-                                         r"\['circle', 'square'\].*train/"):
+    with pytest.raises(
+        ValueError,
+        match=r"\['triangle'\] under .*val are not among the training split's classes "
+        r"\['circle', 'square'\].*train/",
+    ):
         data.setup("fit")
 
 
@@ -104,15 +120,24 @@ def test_video_val_folder_uses_train_class_index(tmp_path):
         for name in names:
             (tmp_path / split / name).mkdir(parents=True)
             write_video(tmp_path / split / name / "0.mp4", 8, 10, size=16)
-    data = IJEPADataModule(dataset="videofolder", root=str(tmp_path), num_frames=4, image_size=16, patch_size=4,
-                           batch_size=1, num_workers=0, target_scale=(0.1, 0.15))
+    data = IJEPADataModule(
+        dataset="videofolder",
+        root=str(tmp_path),
+        num_frames=4,
+        image_size=16,
+        patch_size=4,
+        batch_size=1,
+        num_workers=0,
+        target_scale=(0.1, 0.15),
+    )
     data.setup("fit")
     assert data.num_classes == 2 and data.split("knn_test").targets == [1]
     (tmp_path / "val" / "c").mkdir()
     write_video(tmp_path / "val" / "c" / "0.mp4", 8, 10, size=16)
     with pytest.raises(ValueError, match=r"\['c'\] under .*val are not among"):
-        IJEPADataModule(dataset="videofolder", root=str(tmp_path), num_frames=4, image_size=16, patch_size=4,
-                        num_workers=0).setup("fit")
+        IJEPADataModule(
+            dataset="videofolder", root=str(tmp_path), num_frames=4, image_size=16, patch_size=4, num_workers=0
+        ).setup("fit")
 
 
 # --- 2. image modes ---------------------------------------------------------------------------
@@ -184,10 +209,16 @@ def test_palette_with_transparency_is_composited_over_white(tmp_path):
     assert rgb_array(to_rgb(opaque)).tolist() == [[[10, 200, 30]]]
 
 
-@pytest.mark.parametrize("mode, colour, expected", [
-    ("LA", (100, 255), (100, 100, 100)), ("LA", (0, 0), (255, 255, 255)), ("LA", (0, 128), (127, 127, 127)),
-    ("RGBA", (0, 0, 255, 0), (255, 255, 255)), ("RGBA", (10, 20, 30, 255), (10, 20, 30)),
-])
+@pytest.mark.parametrize(
+    "mode, colour, expected",
+    [
+        ("LA", (100, 255), (100, 100, 100)),
+        ("LA", (0, 0), (255, 255, 255)),
+        ("LA", (0, 128), (127, 127, 127)),
+        ("RGBA", (0, 0, 255, 0), (255, 255, 255)),
+        ("RGBA", (10, 20, 30, 255), (10, 20, 30)),
+    ],
+)
 def test_alpha_is_composited_over_white(tmp_path, mode, colour, expected):
     path = tmp_path / "alpha.png"
     Image.new(mode, (2, 2), colour).save(path)
@@ -203,9 +234,14 @@ def test_cmyk_reads_as_rgb(tmp_path, suffix):
     assert red > 240 and green < 15 and blue < 15
 
 
-@pytest.mark.parametrize("mode, value, expected", [
-    ("1", 1, (255, 255, 255)), ("L", 77, (77, 77, 77)), ("YCbCr", (128, 128, 128), (128, 128, 128)),
-])
+@pytest.mark.parametrize(
+    "mode, value, expected",
+    [
+        ("1", 1, (255, 255, 255)),
+        ("L", 77, (77, 77, 77)),
+        ("YCbCr", (128, 128, 128), (128, 128, 128)),
+    ],
+)
 def test_plain_modes_read_as_rgb(mode, value, expected):
     assert tuple(rgb_array(to_rgb(Image.new(mode, (2, 2), value)))[1, 1]) == expected
 
@@ -231,8 +267,12 @@ def test_unlabelled_folder_pretrains_on_every_image_and_probes_skip_with_one_war
     write_images(root if layout == "loose" else root / "only", 24, (30, 140, 90))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cli = run_fit(tmp_path, {"dataset": "imagefolder", "root": str(root), "batch_size": 8},
-                      [*PROBES, {"class_path": "ijepa.callbacks.CollapseMonitor"}], max_steps=4)
+        cli = run_fit(
+            tmp_path,
+            {"dataset": "imagefolder", "root": str(root), "batch_size": 8},
+            [*PROBES, {"class_path": "ijepa.callbacks.CollapseMonitor"}],
+            max_steps=4,
+        )
     data = cli.datamodule
     assert cli.trainer.global_step == 4
     assert data.num_classes == (0 if layout == "loose" else 1)
@@ -246,8 +286,16 @@ def test_unlabelled_folder_pretrains_on_every_image_and_probes_skip_with_one_war
 
 def test_unlabelled_val_reuses_a_spread_share_of_the_training_images(tmp_path):
     write_images(tmp_path, 20, (10, 10, 10))
-    data = IJEPADataModule(dataset="imagefolder", root=str(tmp_path), image_size=32, patch_size=8, num_workers=0,
-                           batch_size=4, crop_scale=None, holdout_fraction=0.2)
+    data = IJEPADataModule(
+        dataset="imagefolder",
+        root=str(tmp_path),
+        image_size=32,
+        patch_size=8,
+        num_workers=0,
+        batch_size=4,
+        crop_scale=None,
+        holdout_fraction=0.2,
+    )
     data.setup("fit")
     pretrain, val = data.split("pretrain"), data.split("val")
     assert len(pretrain) == 20 and pretrain.targets == [-1] * 20
@@ -260,8 +308,12 @@ def test_probe_root_gives_the_probes_a_labelled_folder(tmp_path):
     root = tmp_path / "unlabelled"
     write_images(root, 16, (90, 90, 90))
     probe_root = two_class_folder(tmp_path / "labelled")
-    cli = run_fit(tmp_path, {"dataset": "imagefolder", "root": str(root), "probe_root": str(probe_root), "batch_size": 8},
-                  PROBES, max_steps=2)
+    cli = run_fit(
+        tmp_path,
+        {"dataset": "imagefolder", "root": str(root), "probe_root": str(probe_root), "batch_size": 8},
+        PROBES,
+        max_steps=2,
+    )
     data = cli.datamodule
     assert len(data.split("pretrain")) == 16 and data.num_classes == 2
     assert len(data.split("knn_train")) == 16 and data.split("knn_test").targets == [1] * 4
@@ -270,8 +322,15 @@ def test_probe_root_gives_the_probes_a_labelled_folder(tmp_path):
 
 def test_unlabelled_probe_root_is_an_error_naming_the_option(tmp_path):
     write_images(tmp_path / "loose", 4, (0, 0, 0))
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, num_workers=0, shapes_train_size=8,
-                           shapes_val_size=4, probe_root=str(tmp_path / "loose"))
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        num_workers=0,
+        shapes_train_size=8,
+        shapes_val_size=4,
+        probe_root=str(tmp_path / "loose"),
+    )
     with pytest.raises(ValueError, match="data.probe_root=.* at least two class sub-folders, got 0"):
         data.setup("fit")
 
@@ -282,8 +341,16 @@ def test_loose_videos_are_unlabelled(tmp_path):
 
     for k in range(3):
         write_video(tmp_path / f"{k}.mp4", 8, 10, size=16)
-    data = IJEPADataModule(dataset="videofolder", root=str(tmp_path), num_frames=4, image_size=16, patch_size=4,
-                           batch_size=1, num_workers=0, target_scale=(0.1, 0.15))
+    data = IJEPADataModule(
+        dataset="videofolder",
+        root=str(tmp_path),
+        num_frames=4,
+        image_size=16,
+        patch_size=4,
+        batch_size=1,
+        num_workers=0,
+        target_scale=(0.1, 0.15),
+    )
     data.setup("fit")
     assert data.num_classes == 0 and len(data.split("pretrain")) == 3 and data.split("pretrain").targets == [-1] * 3
 
@@ -291,17 +358,30 @@ def test_loose_videos_are_unlabelled(tmp_path):
 # --- 4. a batch larger than the data ------------------------------------------------------------
 def test_batch_larger_than_the_dataset_is_an_error_naming_data_batch_size(tmp_path):
     """drop_last=True left no batch at all: fit exited 0 having trained nothing."""
-    with pytest.raises(ValueError, match=r"data.batch_size=32 is larger than the 20 training images per device "
-                                         r"\(20 in the pretrain split over 1 device\(s\)\).*1\.\.20"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.batch_size=32 is larger than the 20 training images per device "
+        r"\(20 in the pretrain split over 1 device\(s\)\).*1\.\.20",
+    ):
         run_fit(tmp_path, {"shapes_train_size": 20, "batch_size": 32}, [], max_steps=2)
 
 
 def test_batch_size_is_checked_against_each_devices_share():
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, num_workers=0, shapes_train_size=21,
-                           shapes_val_size=4, batch_size=12)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        num_workers=0,
+        shapes_train_size=21,
+        shapes_val_size=4,
+        batch_size=12,
+    )
     data.trainer = SimpleNamespace(world_size=2)  # 11 images per rank (DistributedSampler pads 21 to 22)
-    with pytest.raises(ValueError, match=r"data.batch_size=12 .* 11 training images per device \(21 in the pretrain "
-                                         r"split over 2 device\(s\)\).*1\.\.11"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.batch_size=12 .* 11 training images per device \(21 in the pretrain "
+        r"split over 2 device\(s\)\).*1\.\.11",
+    ):
         data.setup("fit")
     data.hparams.batch_size = 11
     data.setup("fit")

@@ -105,7 +105,9 @@ def test_learned_2d_resizes_per_axis_and_stays_a_sum():
 def test_relative_bias_table_resizes_over_the_new_offset_range():
     # per head a linear function of (dr, dc): a smooth function of the offset stays that function
     old_h, old_w, new_h, new_w, heads = 4, 4, 7, 6, 2
-    dr, dc = torch.meshgrid(torch.arange(-(old_h - 1), old_h).float(), torch.arange(-(old_w - 1), old_w).float(), indexing="ij")
+    dr, dc = torch.meshgrid(
+        torch.arange(-(old_h - 1), old_h).float(), torch.arange(-(old_w - 1), old_w).float(), indexing="ij"
+    )
     table = torch.stack([dr.flatten(), dc.flatten()], dim=1)
     out = interpolate_relative_bias_table(table, (old_h, old_w), (new_h, new_w), mode="bilinear")
     assert out.shape == ((2 * new_h - 1) * (2 * new_w - 1), heads)
@@ -167,8 +169,15 @@ def test_checkpoint_from_another_image_and_patch_size_loads_for_every_type(pos_e
     old = IJEPA(**{**TINY_MODEL, "pos_embed": pos_embed, "predictor_pos_embed": pos_embed})
     checkpoint = {"state_dict": old.state_dict(), "hyper_parameters": dict(old.hparams)}
     for image_size, patch_size in ((48, 8), (32, 4)):
-        new = IJEPA(**{**TINY_MODEL, "image_size": image_size, "patch_size": patch_size,
-                       "pos_embed": pos_embed, "predictor_pos_embed": pos_embed})
+        new = IJEPA(
+            **{
+                **TINY_MODEL,
+                "image_size": image_size,
+                "patch_size": patch_size,
+                "pos_embed": pos_embed,
+                "predictor_pos_embed": pos_embed,
+            }
+        )
         ckpt = {k: (dict(v) if isinstance(v, dict) else v) for k, v in checkpoint.items()}
         new.on_load_checkpoint(ckpt)
         new.load_state_dict(ckpt["state_dict"], strict=True)
@@ -196,10 +205,15 @@ def test_optimizer_moments_follow_the_resized_parameters():
     decay, no_decay = old.parameter_groups()
     order = decay + no_decay
     params = dict(old.named_parameters())
-    state = {i: {"step": torch.tensor(5.0), "exp_avg": torch.randn_like(params[n]), "exp_avg_sq": torch.rand_like(params[n])}
-             for i, n in enumerate(order)}
-    checkpoint = {"state_dict": old.state_dict(), "hyper_parameters": dict(old.hparams),
-                  "optimizer_states": [{"state": state, "param_groups": []}]}
+    state = {
+        i: {"step": torch.tensor(5.0), "exp_avg": torch.randn_like(params[n]), "exp_avg_sq": torch.rand_like(params[n])}
+        for i, n in enumerate(order)
+    }
+    checkpoint = {
+        "state_dict": old.state_dict(),
+        "hyper_parameters": dict(old.hparams),
+        "optimizer_states": [{"state": state, "param_groups": []}],
+    }
     new = IJEPA(**{**TINY_MODEL, "image_size": 48, "pos_embed": "learned"})
     new.on_load_checkpoint(checkpoint)
     new_params = dict(new.named_parameters())

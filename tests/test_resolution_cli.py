@@ -33,8 +33,15 @@ def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("resolution")
     paths = {}
     for pos_embed in sorted(POSITION_EMBEDDINGS):
-        trainer = run("fit", "--config", CONFIG, *SMALL_DATA, f"--model.pos_embed={pos_embed}",
-                      f"--model.predictor_pos_embed={pos_embed}", f"--trainer.default_root_dir={root / pos_embed}")
+        trainer = run(
+            "fit",
+            "--config",
+            CONFIG,
+            *SMALL_DATA,
+            f"--model.pos_embed={pos_embed}",
+            f"--model.predictor_pos_embed={pos_embed}",
+            f"--trainer.default_root_dir={root / pos_embed}",
+        )
         paths[pos_embed] = Path(trainer.checkpoint_callback.last_model_path)
     return paths
 
@@ -42,8 +49,15 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.parametrize("pos_embed", sorted(POSITION_EMBEDDINGS))
 def test_validate_at_another_image_size_reports_knn(checkpoints, pos_embed, tmp_path, caplog):
     caplog.set_level(logging.INFO)
-    trainer = run("validate", "--config", CONFIG, *SMALL_DATA, "--data.image_size=48",
-                  f"--ckpt_path={checkpoints[pos_embed]}", f"--trainer.default_root_dir={tmp_path}")
+    trainer = run(
+        "validate",
+        "--config",
+        CONFIG,
+        *SMALL_DATA,
+        "--data.image_size=48",
+        f"--ckpt_path={checkpoints[pos_embed]}",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
     model = trainer.lightning_module
     assert model.hparams.image_size == 48 and model.hparams.pos_embed == pos_embed  # type from the checkpoint
     assert model.encoder.patch_embed.grid_size == 6
@@ -56,25 +70,52 @@ def test_validate_at_another_image_size_reports_knn(checkpoints, pos_embed, tmp_
 def test_fit_continues_at_a_new_image_and_patch_size(checkpoints, tmp_path):
     # resume (optimizer moments resized with their parameters) at 48 px, then validate at patch 4
     ckpt = checkpoints["learned"]
-    trainer = run("fit", "--config", CONFIG, *SMALL_DATA, "--data.image_size=48", "--trainer.max_steps=4",
-                  f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}")
+    trainer = run(
+        "fit",
+        "--config",
+        CONFIG,
+        *SMALL_DATA,
+        "--data.image_size=48",
+        "--trainer.max_steps=4",
+        f"--ckpt_path={ckpt}",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
     assert trainer.global_step == 4
     table = trainer.lightning_module.encoder.transformer.position.embedding.weight
     assert table.shape == (36, 32)
     moments = trainer.optimizers[0].state[table]
     assert moments["exp_avg"].shape == (36, 32)
-    trainer = run("validate", "--config", CONFIG, *SMALL_DATA, "--model.patch_size=4",
-                  f"--ckpt_path={trainer.checkpoint_callback.last_model_path}", f"--trainer.default_root_dir={tmp_path}")
+    trainer = run(
+        "validate",
+        "--config",
+        CONFIG,
+        *SMALL_DATA,
+        "--model.patch_size=4",
+        f"--ckpt_path={trainer.checkpoint_callback.last_model_path}",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
     assert trainer.lightning_module.encoder.patch_embed.proj.weight.shape == (32, 3, 4, 4)
     assert "val/knn_top1" in trainer.callback_metrics
 
 
 def test_init_checkpoint_starts_a_new_run_from_weights_at_another_resolution(checkpoints, tmp_path):
     ckpt = checkpoints["learned_2d"]
-    callback = ('{"class_path": "ijepa.callbacks.PositionEmbeddingInterpolation", '
-                f'"init_args": {{"init_checkpoint": "{ckpt}", "mode": "bilinear"}}}}')
-    trainer = run("fit", "--config", CONFIG, *SMALL_DATA, "--data.image_size=48", "--model.pos_embed=learned_2d", "--model.predictor_pos_embed=learned_2d",
-                  f"--trainer.callbacks+={callback}", "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}")
+    callback = (
+        '{"class_path": "ijepa.callbacks.PositionEmbeddingInterpolation", '
+        f'"init_args": {{"init_checkpoint": "{ckpt}", "mode": "bilinear"}}}}'
+    )
+    trainer = run(
+        "fit",
+        "--config",
+        CONFIG,
+        *SMALL_DATA,
+        "--data.image_size=48",
+        "--model.pos_embed=learned_2d",
+        "--model.predictor_pos_embed=learned_2d",
+        f"--trainer.callbacks+={callback}",
+        "--trainer.max_steps=1",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
     model = trainer.lightning_module
     assert model.position_interpolation == {"mode": "bilinear", "antialias": False}
     saved = torch.load(ckpt, weights_only=True)["state_dict"]
@@ -92,8 +133,15 @@ def test_resolution_study_script_matches_the_cli_probe(checkpoints, tmp_path):
     paths = [str(checkpoints["learned"]), str(checkpoints["rope_axial"])]
     results = main([*paths, "--image-sizes", "32", "48", "--patch-sizes", "16", "--output", str(tmp_path / "r.json")])
     assert set(results) == {"learned", "rope_axial"} and set(results["learned"]) == {32, 48}
-    trainer = run("validate", "--config", CONFIG, *SMALL_DATA, "--data.image_size=48",
-                  f"--ckpt_path={paths[0]}", f"--trainer.default_root_dir={tmp_path}")
+    trainer = run(
+        "validate",
+        "--config",
+        CONFIG,
+        *SMALL_DATA,
+        "--data.image_size=48",
+        f"--ckpt_path={paths[0]}",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
     assert results["learned"][48][0] == pytest.approx(float(trainer.callback_metrics["val/knn_top1"]), abs=1e-6)
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["patch_resize_error"]["16"] < 1e-5  # upsampling the patch is exact

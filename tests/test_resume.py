@@ -31,19 +31,40 @@ class Recorder(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         self.losses[step] = outputs["loss"].item()
-        self.batches[step] = (float(batch["images"].sum()), batch["context_indices"].tolist(), batch["target_indices"].sum().item())
+        self.batches[step] = (
+            float(batch["images"].sum()),
+            batch["context_indices"].tolist(),
+            batch["target_indices"].sum().item(),
+        )
 
 
 def make(tmp_path, recorder, num_workers=0):
     L.seed_everything(0)
     model = IJEPA(**TINY_MODEL, warmup_steps=2, drop_path_rate=0.1)
-    data = IJEPADataModule(dataset="shapes", image_size=32, patch_size=8, batch_size=16, num_workers=num_workers,
-                           crop_scale=(0.5, 1.0), horizontal_flip=True, target_scale=(0.1, 0.15), min_keep=2,
-                           shapes_train_size=80, shapes_val_size=20)
+    data = IJEPADataModule(
+        dataset="shapes",
+        image_size=32,
+        patch_size=8,
+        batch_size=16,
+        num_workers=num_workers,
+        crop_scale=(0.5, 1.0),
+        horizontal_flip=True,
+        target_scale=(0.1, 0.15),
+        min_keep=2,
+        shapes_train_size=80,
+        shapes_val_size=20,
+    )
     trainer = L.Trainer(
-        max_steps=MAX_STEPS, logger=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        callbacks=[EMATargetUpdate(momentum=0.9), recorder,
-                   ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)],
+        max_steps=MAX_STEPS,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[
+            EMATargetUpdate(momentum=0.9),
+            recorder,
+            ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1),
+        ],
         default_root_dir=tmp_path,
     )
     return model, data, trainer

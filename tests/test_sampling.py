@@ -30,8 +30,15 @@ def batches(num_workers, epoch=0, rank=0, world=1, resume=None):
     if resume is not None:
         sampler.resume(*resume)
     collate = MaskCollator(MultiBlockMaskSampler(4, target_scale=(0.1, 0.2), min_keep=2))
-    loader = DataLoader(SeededSamples(dataset, seed=7), batch_size=8, sampler=sampler, collate_fn=collate,
-                        num_workers=num_workers, drop_last=True, generator=torch.Generator().manual_seed(7))
+    loader = DataLoader(
+        SeededSamples(dataset, seed=7),
+        batch_size=8,
+        sampler=sampler,
+        collate_fn=collate,
+        num_workers=num_workers,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(7),
+    )
     return list(loader)
 
 
@@ -60,7 +67,9 @@ def test_images_augmentations_and_masks_do_not_depend_on_workers_or_global_rng()
 
 def test_epochs_reshuffle_reaugment_and_remask():
     first, second = batches(0, epoch=0), batches(0, epoch=1)
-    assert not torch.equal(first[0]["labels"], second[0]["labels"]) or not torch.equal(first[0]["images"], second[0]["images"])
+    assert not torch.equal(first[0]["labels"], second[0]["labels"]) or not torch.equal(
+        first[0]["images"], second[0]["images"]
+    )
     # the same image gets a different crop in another epoch
     assert not any(torch.equal(a["images"], b["images"]) for a in first for b in second)
     assert not all(torch.equal(a["context_indices"], b["context_indices"]) for a, b in zip(first, second))

@@ -8,9 +8,7 @@ from ijepa.data.shapes import BACKGROUNDS, CLASSES, ShapesDataset
 
 def _border_colour(images: torch.Tensor) -> torch.Tensor:
     """Median colour of the 1-px border; images float [N, 3, H, W] -> [N, 3]."""
-    border = torch.cat(
-        [images[..., 0, :], images[..., -1, :], images[..., :, 0], images[..., :, -1]], dim=-1
-    )
+    border = torch.cat([images[..., 0, :], images[..., -1, :], images[..., :, 0], images[..., :, -1]], dim=-1)
     return border.median(dim=-1).values
 
 

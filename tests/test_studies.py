@@ -42,7 +42,9 @@ def test_export_images_writes_the_logged_image(tmp_path):
     writer.add_image("positions/encoder", first, 0)
     writer.add_image("positions/encoder", last, 7)
     writer.close()
-    out = export([str(tmp_path / "run"), "--tag", "positions/encoder", "--output", str(tmp_path / "x.png"), "--scale", "4"])
+    out = export(
+        [str(tmp_path / "run"), "--tag", "positions/encoder", "--output", str(tmp_path / "x.png"), "--scale", "4"]
+    )
     image = Image.open(out)
     assert image.size == (20, 12)
     assert image.convert("L").getpixel((2 * 4 + 1, 1 * 4 + 1)) == 255  # the bright cell, enlarged
@@ -82,14 +84,29 @@ def write_learning_run(root, name, knn, linear, rankme, wall_s):
 def test_learning_table_reports_every_step_the_gain_and_its_worst_seed(tmp_path):
     from ijepa.studies.learning import table
 
-    write_learning_run(tmp_path, "plain_s0", [(0, 0.10), (299, 0.14), (599, 0.16)], [(0, 0.10), (299, 0.18), (599, 0.20)],
-                       [(0, 10.0), (299, 5.0), (599, 4.0)], 100.0)
-    write_learning_run(tmp_path, "plain_s1", [(0, 0.12), (299, 0.16), (599, 0.16)], [(0, 0.12), (299, 0.20), (599, 0.18)],
-                       [(0, 10.0), (299, 5.0), (599, 6.0)], 120.0)
+    write_learning_run(
+        tmp_path,
+        "plain_s0",
+        [(0, 0.10), (299, 0.14), (599, 0.16)],
+        [(0, 0.10), (299, 0.18), (599, 0.20)],
+        [(0, 10.0), (299, 5.0), (599, 4.0)],
+        100.0,
+    )
+    write_learning_run(
+        tmp_path,
+        "plain_s1",
+        [(0, 0.12), (299, 0.16), (599, 0.16)],
+        [(0, 0.12), (299, 0.20), (599, 0.18)],
+        [(0, 10.0), (299, 5.0), (599, 6.0)],
+        120.0,
+    )
     (tmp_path / "+pad_s0").mkdir()  # a run without its wall time is unfinished: left out
     out = table(tmp_path)
     # k-NN means 11 / 15 / 16; gains 6 and 4 -> 5.0 ± 1.0, worst 4.0; linear gains 10 and 6; rankme 4 and 6
-    assert "| plain | 2 | 11.0 / 15.0 / 16.0 | 5.0 ± 1.0 (4.0) | 11.0 / 19.0 / 19.0 | 8.0 ± 2.0 (6.0) | 5.0 ± 1.0 | 110 |" in out
+    assert (
+        "| plain | 2 | 11.0 / 15.0 / 16.0 | 5.0 ± 1.0 (4.0) | 11.0 / 19.0 / 19.0 | 8.0 ± 2.0 (6.0) | 5.0 ± 1.0 | 110 |"
+        in out
+    )
     assert "+pad" not in out
 
 

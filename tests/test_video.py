@@ -43,7 +43,9 @@ def test_sincos_3d_inner_products_depend_only_on_offsets():
     values = [gram[index(*a, grid), index(*b, grid)] for a, b in pairs]
     assert max(values) - min(values) < 1e-4
     # and different offsets differ
-    assert abs(gram[index(0, 0, 0, grid), index(1, 0, 0, grid)] - gram[index(0, 0, 0, grid), index(0, 0, 1, grid)]) > 1e-3
+    assert (
+        abs(gram[index(0, 0, 0, grid), index(1, 0, 0, grid)] - gram[index(0, 0, 0, grid), index(0, 0, 1, grid)]) > 1e-3
+    )
     # V-JEPA's channel split: the first half encodes time only
     assert torch.equal(table[index(2, 0, 0, grid), :32], table[index(2, 4, 3, grid), :32])
     assert not torch.equal(table[index(2, 0, 0, grid), 32:], table[index(2, 4, 3, grid), 32:])
@@ -71,7 +73,9 @@ def test_mrope_with_equal_t_h_w_is_1d_rope():
     torch.testing.assert_close(position.angles(diagonal[None])[0, 0], rope_1d_angles(p, 32))
     # and on any coordinates with t = h = w, including non-integer ones
     coords = torch.tensor([[[0.5, 0.5, 0.5], [3.25, 3.25, 3.25]]])
-    torch.testing.assert_close(position.angles_from_coordinates(coords)[0, 0], rope_1d_angles(torch.tensor([0.5, 3.25]), 32))
+    torch.testing.assert_close(
+        position.angles_from_coordinates(coords)[0, 0], rope_1d_angles(torch.tensor([0.5, 3.25]), 32)
+    )
     assert position.sections == mrope_sections(16) == (4, 6, 6)
 
 
@@ -133,8 +137,9 @@ def test_mrope_errors_name_the_parameter():
 def test_spatio_temporal_masks_stay_in_the_grid_and_are_disjoint(temporal_scale):
     from ijepa.masks import SpatioTemporalMaskSampler
 
-    sampler = SpatioTemporalMaskSampler(5, 6, num_target_blocks=3, target_scale=(0.1, 0.15),
-                                        temporal_scale=temporal_scale, min_keep=8)
+    sampler = SpatioTemporalMaskSampler(
+        5, 6, num_target_blocks=3, target_scale=(0.1, 0.15), temporal_scale=temporal_scale, min_keep=8
+    )
     generator = torch.Generator().manual_seed(0)
     for _ in range(5):
         context, targets = sampler(16, generator)
@@ -165,8 +170,16 @@ def test_video_encoder_on_gathered_tokens(pos_embed):
     from ijepa.nn.video import VideoVisionTransformer
 
     torch.manual_seed(0)
-    encoder = VideoVisionTransformer(num_frames=4, image_size=16, tubelet_size=2, patch_size=8, embed_dim=32,
-                                     depth=2, num_heads=2, pos_embed=pos_embed).eval()
+    encoder = VideoVisionTransformer(
+        num_frames=4,
+        image_size=16,
+        tubelet_size=2,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        pos_embed=pos_embed,
+    ).eval()
     with torch.no_grad():  # O(1) weights: at init position effects are below float noise
         for p in encoder.parameters():
             p.normal_(0, 0.3)
@@ -208,7 +221,9 @@ def test_moving_shapes_need_time_one_frame_does_not_tell_the_direction():
 
     train = MovingShapesClips(240, num_frames=4, image_size=16, split="train", radius=(0.2, 0.3))
     val = MovingShapesClips(120, num_frames=4, image_size=16, split="val", radius=(0.2, 0.3))
-    assert torch.equal(train[5][0], train[5][0]) and not torch.equal(train[5][0], val[5][0])  # deterministic, split-specific
+    assert torch.equal(train[5][0], train[5][0]) and not torch.equal(
+        train[5][0], val[5][0]
+    )  # deterministic, split-specific
     assert train[0][0].shape == (4, 3, 16, 16) and train[0][0].dtype == torch.uint8
     assert [train.targets.count(k) for k in range(4)] == [60] * 4
 
@@ -227,6 +242,7 @@ def test_moving_shapes_need_time_one_frame_does_not_tell_the_direction():
     single = accuracy(train_clips[:, 1].flatten(1).float() / 255, val_clips[:, 1].flatten(1).float() / 255)
     position = accuracy(_circular_centroids(train_clips)[:, 1], _circular_centroids(val_clips)[:, 1])
     assert single < 0.45 and position < 0.45  # chance is 0.25
+
     # Two frames: the centroid's displacement gives the direction away.
     def displacement(clips):
         angles = _circular_centroids(clips)
@@ -267,13 +283,18 @@ def test_moving_shapes_options():
     torch.testing.assert_close(texture[1], torch.roll(texture[0], shifts=(-1, 2), dims=(1, 2)), atol=1e-4, rtol=1e-4)
     clip, label, times = MovingShapesClips(4, num_frames=3, image_size=16, fps=5.0)[1]
     assert clip.shape == (3, 3, 16, 16) and label == 1 and torch.allclose(times, torch.tensor([0.0, 0.2, 0.4]))
-    for bad, match in ((dict(background="noisy"), "background must be one of"), (dict(num_objects=0), "num_objects must be"),
-                       (dict(fps=0.0), "fps must be > 0")):
+    for bad, match in (
+        (dict(background="noisy"), "background must be one of"),
+        (dict(num_objects=0), "num_objects must be"),
+        (dict(fps=0.0), "fps must be > 0"),
+    ):
         with pytest.raises(ValueError, match=match):
             MovingShapesClips(4, **bad)
 
 
-@pytest.mark.parametrize("pos_embed, mode", [("sincos_3d", "per_block"), ("mrope", "one_pass"), ("learned_3d", "per_block")])
+@pytest.mark.parametrize(
+    "pos_embed, mode", [("sincos_3d", "per_block"), ("mrope", "one_pass"), ("learned_3d", "per_block")]
+)
 def test_a_video_jepa_step_composes_and_learns(pos_embed, mode):
     """Clip encoder + predictor on the 3D grid + spatio-temporal masks: the I-JEPA loss on one
     batch of generated clips falls under AdamW, for per-block and one-pass prediction."""
@@ -289,8 +310,16 @@ def test_a_video_jepa_step_composes_and_learns(pos_embed, mode):
     torch.manual_seed(0)
     data = MovingShapesClips(8, num_frames=4, image_size=16)
     clips = torch.stack([data[i][0] for i in range(8)]).float().div(255).permute(0, 2, 1, 3, 4)  # [B, C, T, H, W]
-    encoder = VideoVisionTransformer(num_frames=4, image_size=16, tubelet_size=2, patch_size=4, embed_dim=32, depth=2,
-                                     num_heads=2, pos_embed=pos_embed)
+    encoder = VideoVisionTransformer(
+        num_frames=4,
+        image_size=16,
+        tubelet_size=2,
+        patch_size=4,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        pos_embed=pos_embed,
+    )
     target_encoder = copy.deepcopy(encoder).requires_grad_(False)
     predictor = Predictor(encoder.grid, 32, 16, depth=2, num_heads=2, pos_embed=pos_embed, mode=mode)
     sampler = SpatioTemporalMaskSampler(2, 4, num_target_blocks=2, target_scale=(0.15, 0.2), min_keep=4)
@@ -322,9 +351,21 @@ def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
     from ijepa.nn.video import VideoVisionTransformer
 
     torch.manual_seed(0)
-    model = IJEPA(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, predictor_embed_dim=16,
-                  predictor_depth=1, predictor_num_heads=2, pos_embed="mrope", predictor_pos_embed="mrope",
-                  num_frames=4, tubelet_size=2, time_unit=0.2)
+    model = IJEPA(
+        image_size=16,
+        patch_size=4,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        predictor_embed_dim=16,
+        predictor_depth=1,
+        predictor_num_heads=2,
+        pos_embed="mrope",
+        predictor_pos_embed="mrope",
+        num_frames=4,
+        tubelet_size=2,
+        time_unit=0.2,
+    )
     assert isinstance(model.encoder, VideoVisionTransformer) and model.predictor.num_patches == 2 * 4 * 4
     data = MovingShapesClips(8, num_frames=4, image_size=16)
     clips = torch.stack([data[i][0] for i in range(8)]).float().div(255).permute(0, 2, 1, 3, 4)
@@ -370,9 +411,20 @@ def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
 def test_datamodule_clip_mode_batches():
     from ijepa.data import IJEPADataModule
 
-    data = IJEPADataModule(dataset="moving_shapes", num_frames=4, tubelet_size=2, image_size=16, patch_size=4,
-                           batch_size=8, num_workers=0, crop_scale=None, shapes_train_size=32, shapes_val_size=16,
-                           target_scale=(0.1, 0.15), min_keep=4)
+    data = IJEPADataModule(
+        dataset="moving_shapes",
+        num_frames=4,
+        tubelet_size=2,
+        image_size=16,
+        patch_size=4,
+        batch_size=8,
+        num_workers=0,
+        crop_scale=None,
+        shapes_train_size=32,
+        shapes_val_size=16,
+        target_scale=(0.1, 0.15),
+        min_keep=4,
+    )
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
     assert batch["images"].shape == (8, 3, 4, 16, 16) and batch["images"].dtype == torch.float32
@@ -393,10 +445,22 @@ def test_video_quickstart_config_fits_through_the_cli(tmp_path):
 
     config = Path(__file__).parents[1] / "configs" / "video_quickstart.yaml"
     with mock.patch("sys.argv", ["ijepa"]):
-        cli = build_cli(["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.logger=false",
-                         f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false",
-                         "--data.shapes_train_size=64", "--data.shapes_val_size=32", "--data.batch_size=16",
-                         "--data.num_workers=0", "--data.knn_batch_size=32"])
+        cli = build_cli(
+            [
+                "fit",
+                "--config",
+                str(config),
+                "--trainer.max_steps=2",
+                "--trainer.logger=false",
+                f"--trainer.default_root_dir={tmp_path}",
+                "--trainer.enable_progress_bar=false",
+                "--data.shapes_train_size=64",
+                "--data.shapes_val_size=32",
+                "--data.batch_size=16",
+                "--data.num_workers=0",
+                "--data.knn_batch_size=32",
+            ]
+        )
     assert cli.trainer.global_step == 2
     assert cli.model.encoder.grid == (2, 4, 4) and torch.isfinite(cli.trainer.callback_metrics["train/loss"])
 
@@ -411,8 +475,18 @@ def test_clip_checkpoints_load_at_another_size_and_frame_count(tmp_path, pos_emb
     from ijepa.module import IJEPA
     from ijepa.nn.resize import interpolate_3d_table
 
-    common = dict(patch_size=4, embed_dim=32, depth=1, num_heads=2, predictor_embed_dim=16, predictor_depth=1,
-                  predictor_num_heads=2, pos_embed=pos_embed, predictor_pos_embed=pos_embed, tubelet_size=2)
+    common = dict(
+        patch_size=4,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        predictor_embed_dim=16,
+        predictor_depth=1,
+        predictor_num_heads=2,
+        pos_embed=pos_embed,
+        predictor_pos_embed=pos_embed,
+        tubelet_size=2,
+    )
     torch.manual_seed(0)
     small = IJEPA(image_size=16, num_frames=4, **common)
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, max_steps=0)
@@ -429,7 +503,9 @@ def test_clip_checkpoints_load_at_another_size_and_frame_count(tmp_path, pos_emb
         torch.testing.assert_close(large.encoder.position.table().detach(), expected)
         # trilinear resampling keeps a table that is constant over time, rows and columns constant
         constant = torch.ones(2 * 4 * 4, 3) * torch.tensor([1.0, -2.0, 0.5])
-        torch.testing.assert_close(interpolate_3d_table(constant, (2, 4, 4), (4, 6, 6)), torch.ones(144, 3) * torch.tensor([1.0, -2.0, 0.5]))
+        torch.testing.assert_close(
+            interpolate_3d_table(constant, (2, 4, 4), (4, 6, 6)), torch.ones(144, 3) * torch.tensor([1.0, -2.0, 0.5])
+        )
         assert interpolate_3d_table(old, (2, 4, 4), (2, 4, 4)) is old  # identity on the same grid
     with pytest.raises(ValueError, match="not the tubelet"):
         IJEPA.load_from_checkpoint(tmp_path / "small.ckpt", map_location="cpu", tubelet_size=4)
@@ -450,16 +526,30 @@ def test_video_quickstart_learns_the_motion(tmp_path):
 
     config = Path(__file__).parents[1] / "configs" / "video_quickstart.yaml"
     with mock.patch("sys.argv", ["ijepa"]):
-        build_cli(["fit", "--config", str(config), "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
-                   f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"], run=True)
+        build_cli(
+            [
+                "fit",
+                "--config",
+                str(config),
+                "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+                f"--trainer.logger.save_dir={tmp_path}",
+                f"--trainer.default_root_dir={tmp_path}",
+                "--trainer.enable_progress_bar=false",
+            ],
+            run=True,
+        )
     (metrics_file,) = Path(tmp_path).rglob("metrics.csv")
-    linear = {int(row["step"]): float(row["val/linear_top1"]) for row in csv.DictReader(metrics_file.open())
-              if row.get("val/linear_top1")}
+    linear = {
+        int(row["step"]): float(row["val/linear_top1"])
+        for row in csv.DictReader(metrics_file.open())
+        if row.get("val/linear_top1")
+    }
     assert sorted(linear)[0] == 0 and max(linear) >= 149, linear
     start, end = linear[0], linear[max(linear)]
     assert end > start + 0.025, linear  # 400 held-out clips: one standard error is about 0.025
     # The attentive probe reads every token: the direction is in them from step 0 on, which is
     # why the pooled probes are the ones that can show training at work here (docs/video.md).
-    attentive = [float(row["val/attentive_top1"]) for row in csv.DictReader(metrics_file.open())
-                 if row.get("val/attentive_top1")]
+    attentive = [
+        float(row["val/attentive_top1"]) for row in csv.DictReader(metrics_file.open()) if row.get("val/attentive_top1")
+    ]
     assert len(attentive) == 2 and min(attentive) > 0.9, attentive

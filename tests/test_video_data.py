@@ -116,8 +116,18 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
     from ijepa.data import IJEPADataModule
 
     root = make_video_folder(tmp_path)
-    data = IJEPADataModule(dataset="videofolder", root=str(root), num_frames=4, tubelet_size=2, image_size=16,
-                           patch_size=4, batch_size=4, num_workers=0, clip_fps=5.0, target_scale=(0.1, 0.15))
+    data = IJEPADataModule(
+        dataset="videofolder",
+        root=str(root),
+        num_frames=4,
+        tubelet_size=2,
+        image_size=16,
+        patch_size=4,
+        batch_size=4,
+        num_workers=0,
+        clip_fps=5.0,
+        target_scale=(0.1, 0.15),
+    )
     data.setup("fit")
     assert data.num_classes == 2
     batch = next(iter(data.train_dataloader()))
@@ -128,8 +138,16 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
     probe = next(iter(data.knn_test_dataloader()))
     assert probe["images"].shape == (4, 3, 4, 16, 16) and probe["frame_times"].shape == (4, 4)
     # by stride, each video's own rate sets the times
-    data = IJEPADataModule(dataset="videofolder", root=str(root), num_frames=4, image_size=16, patch_size=4,
-                           batch_size=4, num_workers=0, frame_stride=2)
+    data = IJEPADataModule(
+        dataset="videofolder",
+        root=str(root),
+        num_frames=4,
+        image_size=16,
+        patch_size=4,
+        batch_size=4,
+        num_workers=0,
+        frame_stride=2,
+    )
     data.setup("fit")
     gaps = next(iter(data.knn_test_dataloader()))["frame_times"].diff(dim=1)
     assert sorted({round(g, 3) for g in gaps.flatten().tolist()}) == [0.1, 0.2]
@@ -145,15 +163,34 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
 def test_moving_shapes_with_a_frame_rate_carry_frame_times():
     from ijepa.data import IJEPADataModule
 
-    data = IJEPADataModule(dataset="moving_shapes", num_frames=4, image_size=16, patch_size=4, batch_size=4,
-                           num_workers=0, crop_scale=None, shapes_train_size=8, shapes_val_size=8, clip_fps=12.5,
-                           target_scale=(0.1, 0.15))
+    data = IJEPADataModule(
+        dataset="moving_shapes",
+        num_frames=4,
+        image_size=16,
+        patch_size=4,
+        batch_size=4,
+        num_workers=0,
+        crop_scale=None,
+        shapes_train_size=8,
+        shapes_val_size=8,
+        clip_fps=12.5,
+        target_scale=(0.1, 0.15),
+    )
     data.setup("fit")
     for batch in (next(iter(data.train_dataloader())), next(iter(data.knn_train_dataloader()))):
         torch.testing.assert_close(batch["frame_times"][0], torch.tensor([0.0, 0.08, 0.16, 0.24]))
-    plain = IJEPADataModule(dataset="moving_shapes", num_frames=4, image_size=16, patch_size=4, batch_size=4,
-                            num_workers=0, crop_scale=None, shapes_train_size=8, shapes_val_size=8,
-                            target_scale=(0.1, 0.15))
+    plain = IJEPADataModule(
+        dataset="moving_shapes",
+        num_frames=4,
+        image_size=16,
+        patch_size=4,
+        batch_size=4,
+        num_workers=0,
+        crop_scale=None,
+        shapes_train_size=8,
+        shapes_val_size=8,
+        target_scale=(0.1, 0.15),
+    )
     plain.setup("fit")
     assert "frame_times" not in next(iter(plain.train_dataloader()))
 
@@ -169,11 +206,27 @@ def test_a_video_folder_fits_through_the_cli_with_timestamps(tmp_path):
     root = make_video_folder(tmp_path / "videos", per_class=8)
     config = Path(__file__).parents[1] / "configs" / "video_quickstart.yaml"
     with mock.patch("sys.argv", ["ijepa"]):
-        cli = build_cli(["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.logger=false",
-                         f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false",
-                         "--trainer.check_val_every_n_epoch=1", "--data.dataset=videofolder", f"--data.root={root}",
-                         "--data.image_size=16", "--model.patch_size=4", "--data.batch_size=8", "--data.num_workers=0",
-                         "--data.clip_fps=8", "--data.crop_scale=[0.5,1.0]"], run=True)
+        cli = build_cli(
+            [
+                "fit",
+                "--config",
+                str(config),
+                "--trainer.max_steps=2",
+                "--trainer.logger=false",
+                f"--trainer.default_root_dir={tmp_path}",
+                "--trainer.enable_progress_bar=false",
+                "--trainer.check_val_every_n_epoch=1",
+                "--data.dataset=videofolder",
+                f"--data.root={root}",
+                "--data.image_size=16",
+                "--model.patch_size=4",
+                "--data.batch_size=8",
+                "--data.num_workers=0",
+                "--data.clip_fps=8",
+                "--data.crop_scale=[0.5,1.0]",
+            ],
+            run=True,
+        )
     metrics = cli.trainer.callback_metrics
     assert cli.model.hparams.num_frames == 4 and cli.datamodule.num_classes == 2
     assert 0.0 <= float(metrics["val/knn_top1"]) <= 1.0 and 0.0 <= float(metrics["val/linear_top1"]) <= 1.0

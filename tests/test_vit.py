@@ -54,7 +54,9 @@ def test_encoder_on_gathered_indices_equals_encoder_on_cropped_sequence():
     corrupted = torch.randn_like(images)
     for i in context[0].tolist():
         r, c = divmod(i, 4)
-        corrupted[:, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8] = images[:, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8]
+        corrupted[:, :, r * 8 : (r + 1) * 8, c * 8 : (c + 1) * 8] = images[
+            :, :, r * 8 : (r + 1) * 8, c * 8 : (c + 1) * 8
+        ]
     assert torch.allclose(encoder(corrupted, context), out, atol=1e-6)
     # ...but changing a context patch does change it.
     corrupted[:, :, :8, :8] += 1.0
@@ -130,9 +132,11 @@ def test_apply_rotary_is_a_relative_rotation():
     # norm preserved: a true rotation of every channel pair
     cos, sin = rope([3.0])
     assert torch.allclose(apply_rotary(q, cos, sin).norm(), q.norm(), atol=1e-5)
+
     # score depends only on the offset m - n
     def score(m, n):
         return float((apply_rotary(q, *rope([m])) * apply_rotary(k, *rope([n]))).sum())
+
     assert score(5, 2) == pytest.approx(score(13, 10), abs=1e-4)
     assert score(5, 2) != pytest.approx(score(5, 3), abs=1e-3)
 
@@ -196,8 +200,8 @@ def test_block_attention_mask_structure():
     mask = block_attention_mask(num_context=2, num_blocks=2, num_targets=3)
     c, b1, b2 = [0, 1], [2, 3, 4], [5, 6, 7]
     assert mask.shape == (8, 8) and mask.dtype == torch.bool
-    assert mask[:, c].all()                       # everyone sees the context
-    assert not mask[c][:, b1 + b2].any()          # the context sees no query
+    assert mask[:, c].all()  # everyone sees the context
+    assert not mask[c][:, b1 + b2].any()  # the context sees no query
     assert mask[b1][:, b1].all() and mask[b2][:, b2].all()
     assert not mask[b1][:, b2].any() and not mask[b2][:, b1].any()
 
@@ -269,4 +273,6 @@ def test_block_layout_attention_equals_the_masked_attention(with_bias):
     mask = block_attention_mask(c, m, t)
     masked_bias = mask if bias is None else bias.masked_fill(~mask, float("-inf"))
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=masked_bias)
-    torch.testing.assert_close(block_layout_attention(q, k, v, BlockLayout(c, m, t), bias), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        block_layout_attention(q, k, v, BlockLayout(c, m, t), bias), expected, atol=1e-6, rtol=1e-5
+    )

@@ -30,10 +30,19 @@ def _():
 @app.cell
 def _(configs, mo, torch):
     config = mo.ui.text(value=str(configs / "quickstart.yaml"), label="config", full_width=True)
-    overrides = mo.ui.text(value="--data.shapes_train_size=64 --data.shapes_val_size=64 --data.num_workers=0",
-                           label="overrides", full_width=True)
-    checkpoint = mo.ui.text(value="", label="checkpoint (optional: its weights instead of a fresh init)", full_width=True)
-    _devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + (["mps"] if torch.backends.mps.is_available() else [])
+    overrides = mo.ui.text(
+        value="--data.shapes_train_size=64 --data.shapes_val_size=64 --data.num_workers=0",
+        label="overrides",
+        full_width=True,
+    )
+    checkpoint = mo.ui.text(
+        value="", label="checkpoint (optional: its weights instead of a fresh init)", full_width=True
+    )
+    _devices = (
+        ["cpu"]
+        + (["cuda"] if torch.cuda.is_available() else [])
+        + (["mps"] if torch.backends.mps.is_available() else [])
+    )
     device = mo.ui.dropdown(options=_devices, value=_devices[-1], label="device")
     batch_size = mo.ui.slider(1, 64, value=8, label="batch")
     mo.vstack([config, overrides, checkpoint, mo.hstack([device, batch_size])])
@@ -68,14 +77,29 @@ def _(context_indices, encoder, encoder_report, images, mo):
     def _rows(report):
         return {k: v for k, v in report.items() if k != "grad_norms"}
 
-    mo.vstack([
-        mo.md(f"online encoder `{type(encoder.transformer.position).__name__}` positions, on `{on_context['device']}`"),
-        mo.ui.table([{"run": "context indices", **_rows(on_context)}, {"run": "all patches", **_rows(on_all)}],
-                    selection=None),
-        mo.md("gradient norm reaching each part (loss = mean squared output); a zero or NaN here is a broken path"),
-        mo.ui.table([{"part": part, "context indices": on_context["grad_norms"][part], "all patches": on_all["grad_norms"].get(part)}
-                     for part in on_context["grad_norms"]], selection=None),
-    ])
+    mo.vstack(
+        [
+            mo.md(
+                f"online encoder `{type(encoder.transformer.position).__name__}` positions, on `{on_context['device']}`"
+            ),
+            mo.ui.table(
+                [{"run": "context indices", **_rows(on_context)}, {"run": "all patches", **_rows(on_all)}],
+                selection=None,
+            ),
+            mo.md("gradient norm reaching each part (loss = mean squared output); a zero or NaN here is a broken path"),
+            mo.ui.table(
+                [
+                    {
+                        "part": part,
+                        "context indices": on_context["grad_norms"][part],
+                        "all patches": on_all["grad_norms"].get(part),
+                    }
+                    for part in on_context["grad_norms"]
+                ],
+                selection=None,
+            ),
+        ]
+    )
     return on_all, on_context
 
 
@@ -83,8 +107,10 @@ def _(context_indices, encoder, encoder_report, images, mo):
 def _(context_indices, images, mo, model, target_indices, torch):
     with torch.no_grad():
         loss = model.jepa_loss({"images": images, "context_indices": context_indices, "target_indices": target_indices})
-    mo.md(f"the I-JEPA loss of this batch: {float(loss):.4f} (context `{tuple(context_indices.shape)}`, "
-          f"targets `{tuple(target_indices.shape)}`)")
+    mo.md(
+        f"the I-JEPA loss of this batch: {float(loss):.4f} (context `{tuple(context_indices.shape)}`, "
+        f"targets `{tuple(target_indices.shape)}`)"
+    )
     return (loss,)
 
 

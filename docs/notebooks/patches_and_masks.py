@@ -29,16 +29,28 @@ def _():
 
     configs = Path(ijepa.__file__).resolve().parents[1] / "configs"
     return (
-        MultiBlockMaskSampler, configs, heat_image, instantiate, mask_overlay, mask_statistics, mo,
-        patch_grid_image, to_png, torch, unnormalize,
+        MultiBlockMaskSampler,
+        configs,
+        heat_image,
+        instantiate,
+        mask_overlay,
+        mask_statistics,
+        mo,
+        patch_grid_image,
+        to_png,
+        torch,
+        unnormalize,
     )
 
 
 @app.cell
 def _(configs, mo):
     config = mo.ui.text(value=str(configs / "quickstart.yaml"), label="config", full_width=True)
-    overrides = mo.ui.text(value="--data.shapes_train_size=64 --data.shapes_val_size=64 --data.num_workers=0",
-                           label="overrides (e.g. --data.root=/data for STL-10)", full_width=True)
+    overrides = mo.ui.text(
+        value="--data.shapes_train_size=64 --data.shapes_val_size=64 --data.num_workers=0",
+        label="overrides (e.g. --data.root=/data for STL-10)",
+        full_width=True,
+    )
     mo.vstack([config, overrides])
     return config, overrides
 
@@ -50,8 +62,10 @@ def _(config, instantiate, mo, overrides):
     dataset = datamodule.split("knn_test")
     hp = datamodule.hparams
     grid_size = hp.image_size // hp.patch_size
-    mo.md(f"`{hp.dataset}`: {len(dataset)} held-out images of {hp.image_size} px, patch {hp.patch_size}, "
-          f"grid {grid_size}x{grid_size} = {grid_size**2} patches")
+    mo.md(
+        f"`{hp.dataset}`: {len(dataset)} held-out images of {hp.image_size} px, patch {hp.patch_size}, "
+        f"grid {grid_size}x{grid_size} = {grid_size**2} patches"
+    )
     return dataset, grid_size, hp
 
 
@@ -71,15 +85,23 @@ def _(dataset, hp, mo):
 @app.cell
 def _(dataset, hp, image_index, mo, patch_grid_image, to_png, unnormalize):
     image = unnormalize(dataset[image_index.value][0][None])[0]
-    mo.vstack([mo.md("patch grid, row-major indices `i = r*G + c`"),
-               mo.image(to_png(patch_grid_image(image, hp.patch_size, scale=max(1, 384 // hp.image_size))))])
+    mo.vstack(
+        [
+            mo.md("patch grid, row-major indices `i = r*G + c`"),
+            mo.image(to_png(patch_grid_image(image, hp.patch_size, scale=max(1, 384 // hp.image_size)))),
+        ]
+    )
     return (image,)
 
 
 @app.cell
 def _(MultiBlockMaskSampler, aspect, context_scale, grid_size, min_keep, num_blocks, target_scale):
     sampler = MultiBlockMaskSampler(
-        grid_size, num_blocks.value, tuple(target_scale.value), tuple(aspect.value), tuple(context_scale.value),
+        grid_size,
+        num_blocks.value,
+        tuple(target_scale.value),
+        tuple(aspect.value),
+        tuple(context_scale.value),
         min_keep=min_keep.value,
     )
     return (sampler,)
@@ -90,11 +112,15 @@ def _(hp, image, mask_overlay, mo, sampler, seed, to_png, torch):
     context, targets = sampler(1, torch.Generator().manual_seed(seed.value))
     _overlay = mask_overlay(image[None], context, targets, hp.patch_size)[0]
     _scale = max(1, 384 // hp.image_size)
-    mo.vstack([
-        mo.md(f"context (blue, {context.size(1)} patches) and {targets.size(1)} target blocks of "
-              f"{targets.size(2)} patches (one colour each); dark = neither"),
-        mo.image(to_png(_overlay.repeat_interleave(_scale, 1).repeat_interleave(_scale, 2))),
-    ])
+    mo.vstack(
+        [
+            mo.md(
+                f"context (blue, {context.size(1)} patches) and {targets.size(1)} target blocks of "
+                f"{targets.size(2)} patches (one colour each); dark = neither"
+            ),
+            mo.image(to_png(_overlay.repeat_interleave(_scale, 1).repeat_interleave(_scale, 2))),
+        ]
+    )
     return context, targets
 
 
@@ -102,17 +128,31 @@ def _(hp, image, mask_overlay, mo, sampler, seed, to_png, torch):
 def _(heat_image, mask_statistics, mo, sampler, to_png):
     stats = mask_statistics(sampler, batch_size=64, num_batches=10)
     _lengths = stats["context_lengths"]
-    mo.vstack([
-        mo.md(f"over 640 samples: targets cover {100 * stats['mean_target_fraction']:.1f}% of the grid on average, "
-              f"the context {100 * stats['mean_context_fraction']:.1f}%; context length per batch "
-              f"{min(_lengths)} to {max(_lengths)} patches (every batch is thinned to its smallest)"),
-        mo.hstack([
-            mo.vstack([mo.md("how often each position is a target"),
-                       mo.image(to_png(heat_image(stats["target_frequency"], 24, low=0.0, high=1.0)))]),
-            mo.vstack([mo.md("how often it is context"),
-                       mo.image(to_png(heat_image(stats["context_frequency"], 24, low=0.0, high=1.0)))]),
-        ]),
-    ])
+    mo.vstack(
+        [
+            mo.md(
+                f"over 640 samples: targets cover {100 * stats['mean_target_fraction']:.1f}% of the grid on average, "
+                f"the context {100 * stats['mean_context_fraction']:.1f}%; context length per batch "
+                f"{min(_lengths)} to {max(_lengths)} patches (every batch is thinned to its smallest)"
+            ),
+            mo.hstack(
+                [
+                    mo.vstack(
+                        [
+                            mo.md("how often each position is a target"),
+                            mo.image(to_png(heat_image(stats["target_frequency"], 24, low=0.0, high=1.0))),
+                        ]
+                    ),
+                    mo.vstack(
+                        [
+                            mo.md("how often it is context"),
+                            mo.image(to_png(heat_image(stats["context_frequency"], 24, low=0.0, high=1.0))),
+                        ]
+                    ),
+                ]
+            ),
+        ]
+    )
     return (stats,)
 
 

@@ -30,8 +30,18 @@ def _():
     from ijepa.pictures import cosine_similarity_grid, heat_image, to_png
 
     return (
-        POSITION_EMBEDDINGS, build_position_embedding, cosine_similarity_grid, heat_image, load_model, mo,
-        position_channel_map, position_similarity_map, relative_bias_map, rope_offset_scores, to_png, torch,
+        POSITION_EMBEDDINGS,
+        build_position_embedding,
+        cosine_similarity_grid,
+        heat_image,
+        load_model,
+        mo,
+        position_channel_map,
+        position_similarity_map,
+        relative_bias_map,
+        rope_offset_scores,
+        to_png,
+        torch,
     )
 
 
@@ -41,7 +51,9 @@ def _(POSITION_EMBEDDINGS, mo):
     grid = mo.ui.slider(2, 16, value=6, label="grid size G")
     width = mo.ui.slider(16, 256, step=16, value=64, label="width D")
     heads = mo.ui.slider(1, 8, value=4, label="heads")
-    checkpoint = mo.ui.text(value="", label="or a checkpoint (its encoder's table; overrides the choices)", full_width=True)
+    checkpoint = mo.ui.text(
+        value="", label="or a checkpoint (its encoder's table; overrides the choices)", full_width=True
+    )
     mo.vstack([mo.hstack([kind, grid, width, heads]), checkpoint])
     return checkpoint, grid, heads, kind, width
 
@@ -69,19 +81,35 @@ def _(mo, position):
 
 @app.cell
 def _(
-    AdditivePositionEmbedding, channel, chosen, cosine_similarity_grid, heat_image, mo, position,
-    position_channel_map, position_similarity_map, to_png,
+    AdditivePositionEmbedding,
+    channel,
+    chosen,
+    cosine_similarity_grid,
+    heat_image,
+    mo,
+    position,
+    position_channel_map,
+    position_similarity_map,
+    to_png,
 ):
     if isinstance(position, AdditivePositionEmbedding):
         _channel_map = position_channel_map(position, min(channel.value, position.embed_dim - 1))
         _similarity = position_similarity_map(position, chosen.value)
         _figure7 = cosine_similarity_grid(position.table(), position.grid_height, position.grid_width)
-        table_view = mo.hstack([
-            mo.vstack([mo.md(f"channel {channel.value}"), mo.image(to_png(heat_image(_channel_map, 24)))]),
-            mo.vstack([mo.md(f"cosine similarity with position {chosen.value}"),
-                       mo.image(to_png(heat_image(_similarity, 24, low=-1.0, high=1.0)))]),
-            mo.vstack([mo.md("every position (ViT Figure 7)"), mo.image(to_png(_figure7.expand(3, -1, -1)), width=360)]),
-        ])
+        table_view = mo.hstack(
+            [
+                mo.vstack([mo.md(f"channel {channel.value}"), mo.image(to_png(heat_image(_channel_map, 24)))]),
+                mo.vstack(
+                    [
+                        mo.md(f"cosine similarity with position {chosen.value}"),
+                        mo.image(to_png(heat_image(_similarity, 24, low=-1.0, high=1.0))),
+                    ]
+                ),
+                mo.vstack(
+                    [mo.md("every position (ViT Figure 7)"), mo.image(to_png(_figure7.expand(3, -1, -1)), width=360)]
+                ),
+            ]
+        )
     else:
         table_view = mo.md(f"`{type(position).__name__}` adds no table to the tokens.")
     table_view
@@ -95,14 +123,22 @@ def _(mo, position, relative_bias_map, rope_offset_scores, heat_image, to_png, t
         _generator = torch.Generator().manual_seed(0)
         _q, _k = torch.randn(_head_dim, generator=_generator), torch.randn(_head_dim, generator=_generator)
         _scores = rope_offset_scores(position, _q, _k)
-        relation_view = mo.vstack([
-            mo.md("RoPE: score `<R(p_q) q, R(p_k) k>` of two random vectors against the offset `p_q - p_k` "
-                  "(centre = no offset; it depends on the offset only)"),
-            mo.image(to_png(heat_image(_scores, 16))),
-        ])
+        relation_view = mo.vstack(
+            [
+                mo.md(
+                    "RoPE: score `<R(p_q) q, R(p_k) k>` of two random vectors against the offset `p_q - p_k` "
+                    "(centre = no offset; it depends on the offset only)"
+                ),
+                mo.image(to_png(heat_image(_scores, 16))),
+            ]
+        )
     elif type(position).__name__ == "RelativePositionBias":
-        relation_view = mo.vstack([mo.md("relative bias of head 0 against the offset (centre = no offset)"),
-                                   mo.image(to_png(heat_image(relative_bias_map(position, 0), 16)))])
+        relation_view = mo.vstack(
+            [
+                mo.md("relative bias of head 0 against the offset (centre = no offset)"),
+                mo.image(to_png(heat_image(relative_bias_map(position, 0), 16))),
+            ]
+        )
     else:
         relation_view = mo.md("")
     relation_view

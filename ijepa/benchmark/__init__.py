@@ -76,8 +76,9 @@ def synthetic_batches(datamodule, count: int, device: torch.device, seed: int = 
     for _ in range(count):
         images = torch.randn(hp.batch_size, 3, hp.image_size, hp.image_size, generator=generator)
         context, targets = datamodule.mask_sampler(hp.batch_size, generator)
-        batches.append({"images": images.to(device), "context_indices": context.to(device),
-                        "target_indices": targets.to(device)})
+        batches.append(
+            {"images": images.to(device), "context_indices": context.to(device), "target_indices": targets.to(device)}
+        )
     return batches
 
 
@@ -85,7 +86,9 @@ class _RandomImages(torch.utils.data.Dataset):
     """``count`` random uint8 images ``[3, size, size]`` through ``transform``, label 0."""
 
     def __init__(self, count: int, size: int, transform):
-        self.images = torch.randint(0, 256, (count, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+        self.images = torch.randint(
+            0, 256, (count, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+        )
         self.transform = transform
 
     def __len__(self) -> int:
@@ -108,8 +111,9 @@ def worker_images_per_s(datamodule, repeats: int = 3) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        times = time_calls(lambda epoch: collate([dataset[(i, epoch)] for i in range(hp.batch_size)]), 1, repeats,
-                           torch.device("cpu"))
+        times = time_calls(
+            lambda epoch: collate([dataset[(i, epoch)] for i in range(hp.batch_size)]), 1, repeats, torch.device("cpu")
+        )
     finally:
         torch.set_num_threads(threads)
     return hp.batch_size / statistics.median(times)
@@ -138,10 +142,17 @@ def run(args: argparse.Namespace) -> dict:
     model.to(device).train()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16-mixed" else nullcontext()
     batches = synthetic_batches(datamodule, 4, device)
-    result = {"config": args.config, "overrides": args.override, "device": torch.cuda.get_device_name(device)
-              if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})",
-              "precision": args.precision, "batch_size": hp.batch_size, "image_size": hp.image_size,
-              "torch": torch.__version__}
+    result = {
+        "config": args.config,
+        "overrides": args.override,
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})",
+        "precision": args.precision,
+        "batch_size": hp.batch_size,
+        "image_size": hp.image_size,
+        "torch": torch.__version__,
+    }
 
     # --- same math: both losses on one batch, same weights --------------------------------------
     baseline = SeedIJEPA(model).to(device).train() if args.baseline else None
@@ -185,7 +196,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.one_pass and model.predictor.mode == "per_block" and model.hparams.predictor_pos_embed != "peg":
         variants["one_pass"] = (ours, True, "one_pass")
     if baseline is not None:
-        base_optimizer = torch.optim.AdamW([p for p in baseline.parameters() if p.requires_grad], lr=1e-4, foreach=False)
+        base_optimizer = torch.optim.AdamW(
+            [p for p in baseline.parameters() if p.requires_grad], lr=1e-4, foreach=False
+        )
 
         def seed_style(i: int) -> None:
             with autocast:
@@ -245,11 +258,20 @@ def run(args: argparse.Namespace) -> dict:
     mask_times = time_calls(lambda i: sampler(hp.batch_size, generator), 2, args.mask_repeats, torch.device("cpu"))
     result["masks_per_s"] = hp.batch_size / statistics.median(mask_times)
     if args.baseline:
-        settings = dict(num_blocks=sampler.num_target_blocks, target_scale=sampler.target_scale,
-                        target_aspect_ratio=sampler.target_aspect_ratio, context_scale=sampler.context_scale,
-                        min_keep=sampler.min_keep, generator=torch.Generator().manual_seed(0))
-        py_times = time_calls(lambda i: python_masks(hp.batch_size, sampler.grid_size, **settings), 1,
-                              max(3, args.mask_repeats // 10), torch.device("cpu"))
+        settings = dict(
+            num_blocks=sampler.num_target_blocks,
+            target_scale=sampler.target_scale,
+            target_aspect_ratio=sampler.target_aspect_ratio,
+            context_scale=sampler.context_scale,
+            min_keep=sampler.min_keep,
+            generator=torch.Generator().manual_seed(0),
+        )
+        py_times = time_calls(
+            lambda i: python_masks(hp.batch_size, sampler.grid_size, **settings),
+            1,
+            max(3, args.mask_repeats // 10),
+            torch.device("cpu"),
+        )
         result["baseline_masks_per_s"] = hp.batch_size / statistics.median(py_times)
         result["mask_speedup"] = result["masks_per_s"] / result["baseline_masks_per_s"]
     result["masks_per_training_image"] = result["masks_per_s"] / result["images_per_s"]
@@ -266,7 +288,9 @@ def run(args: argparse.Namespace) -> dict:
             features = []
             with autocast:
                 for start in range(0, bank + queries, hp.knn_batch_size):
-                    features.append(model.features(eval_batch[: min(hp.knn_batch_size, bank + queries - start)]).float())
+                    features.append(
+                        model.features(eval_batch[: min(hp.knn_batch_size, bank + queries - start)]).float()
+                    )
             features = torch.cat(features)
             labels = torch.randint(0, 10, (bank,), device=device)
             knn_scores(features[:bank], labels, features[bank:], 10)
@@ -279,38 +303,57 @@ def run(args: argparse.Namespace) -> dict:
 def format_table(result: dict) -> str:
     rows = [("training step (images/s)", f"{result['images_per_s']:.1f}")]
     if "baseline_images_per_s" in result:
-        rows += [("  seed-style baseline (images/s)", f"{result['baseline_images_per_s']:.1f}"),
-                 ("  speedup", f"{result['speedup']:.2f}x"),
-                 ("  JEPA loss, ours / baseline (same weights, one batch)", f"{result['loss']:.6f} / {result['baseline_loss']:.6f}")]
+        rows += [
+            ("  seed-style baseline (images/s)", f"{result['baseline_images_per_s']:.1f}"),
+            ("  speedup", f"{result['speedup']:.2f}x"),
+            (
+                "  JEPA loss, ours / baseline (same weights, one batch)",
+                f"{result['loss']:.6f} / {result['baseline_loss']:.6f}",
+            ),
+        ]
         if result.get("sigreg_weight"):
             rows.append(("  our step adds SIGReg, the baseline's does not (weight)", f"{result['sigreg_weight']:g}"))
     if "one_pass_images_per_s" in result:
         rows.append(("one-pass predictor, different math (images/s)", f"{result['one_pass_images_per_s']:.1f}"))
         if "one_pass_speedup" in result:
             rows.append(("  speedup over the baseline", f"{result['one_pass_speedup']:.2f}x"))
-    rows += [("model GFLOPs per step (fwd + bwd)", f"{result['flops_per_step'] / 1e9:.1f}"),
-             ("achieved TFLOP/s", f"{result['achieved_tflops']:.3f}")]
+    rows += [
+        ("model GFLOPs per step (fwd + bwd)", f"{result['flops_per_step'] / 1e9:.1f}"),
+        ("achieved TFLOP/s", f"{result['achieved_tflops']:.3f}"),
+    ]
     if "mfu" in result:
         rows.append(("model FLOP utilisation", f"{100 * result['mfu']:.1f}%"))
-    rows += [("peak memory (MiB)", f"{result['peak_memory_mb']:.0f}"),
-             ("mask sampling (masks/s, one process)", f"{result['masks_per_s']:.0f}")]
+    rows += [
+        ("peak memory (MiB)", f"{result['peak_memory_mb']:.0f}"),
+        ("mask sampling (masks/s, one process)", f"{result['masks_per_s']:.0f}"),
+    ]
     if "baseline_masks_per_s" in result:
-        rows += [("  per-sample Python (masks/s)", f"{result['baseline_masks_per_s']:.0f}"),
-                 ("  speedup", f"{result['mask_speedup']:.1f}x")]
+        rows += [
+            ("  per-sample Python (masks/s)", f"{result['baseline_masks_per_s']:.0f}"),
+            ("  speedup", f"{result['mask_speedup']:.1f}x"),
+        ]
     rows.append(("masks/s per training image/s", f"{result['masks_per_training_image']:.1f}x"))
     if "worker_images_per_s" in result:
-        rows += [("data loading, one worker (images/s: augment + masks)", f"{result['worker_images_per_s']:.0f}"),
-                 ("  per training image/s", f"{result['worker_per_training_image']:.2f}x")]
+        rows += [
+            ("data loading, one worker (images/s: augment + masks)", f"{result['worker_images_per_s']:.0f}"),
+            ("  per training image/s", f"{result['worker_per_training_image']:.2f}x"),
+        ]
     if "knn_seconds" in result:
-        rows.append((f"k-NN probe ({result['knn_bank']} bank + {result['knn_queries']} queries, s)", f"{result['knn_seconds']:.2f}"))
+        rows.append(
+            (
+                f"k-NN probe ({result['knn_bank']} bank + {result['knn_queries']} queries, s)",
+                f"{result['knn_seconds']:.2f}",
+            )
+        )
     width = max(len(name) for name, _ in rows)
     header = f"{result['config']} {' '.join(result['overrides'])} on {result['device']}, {result['precision']}, batch {result['batch_size']}"
     return "\n".join([header] + [f"  {name:<{width}}  {value}" for name, value in rows])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ijepa.benchmark", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ijepa.benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per variant, over --rounds rounds")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of ours / one-pass / baseline")
@@ -323,8 +366,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-knn", dest="knn", action="store_false")
     parser.add_argument("--no-data", dest="data", action="store_false", help="skip timing one DataLoader worker")
     parser.add_argument("--data-repeats", type=int, default=3)
-    parser.add_argument("--no-one-pass", dest="one_pass", action="store_false",
-                        help="skip timing the one-pass predictor option (model.predictor_mode=one_pass)")
+    parser.add_argument(
+        "--no-one-pass",
+        dest="one_pass",
+        action="store_false",
+        help="skip timing the one-pass predictor option (model.predictor_mode=one_pass)",
+    )
     parser.add_argument("--knn-limit", type=int, default=None, help="cap bank and queries (quick runs)")
     args, overrides = parser.parse_known_args(argv)
     bad = [o for o in overrides if not o.startswith(("--model.", "--data.", "--trainer."))]

@@ -78,8 +78,12 @@ def _table(position: nn.Module) -> torch.Tensor | None:
 class SeedEncoder(nn.Module):
     def __init__(self, source: nn.Module):
         super().__init__()
-        self.patch_embed = nn.Conv2d(source.patch_embed.proj.in_channels, source.embed_dim,
-                                     source.patch_embed.patch_size, source.patch_embed.patch_size)
+        self.patch_embed = nn.Conv2d(
+            source.patch_embed.proj.in_channels,
+            source.embed_dim,
+            source.patch_embed.patch_size,
+            source.patch_embed.patch_size,
+        )
         self.patch_embed.load_state_dict(source.patch_embed.proj.state_dict())
         table = _table(source.position)
         self.pos_embed = nn.Parameter(table, requires_grad=False) if table is not None else None
@@ -112,14 +116,18 @@ class SeedPredictor(nn.Module):
     def positions(self, indices: torch.Tensor) -> torch.Tensor:
         return 0.0 if self.pos_embed is None else self.pos_embed[indices]
 
-    def forward(self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor
+    ) -> torch.Tensor:
         """One call per target block ``[B, Kt]`` (the caller loops over the blocks)."""
         check_indices_item(context_indices, self.num_patches)
         check_indices_item(target_indices, self.num_patches)
         x = self.input_proj(context) + self.positions(context_indices)
-        queries = self.mask_token.expand(target_indices.size(0), target_indices.size(1), -1) + self.positions(target_indices)
+        queries = self.mask_token.expand(target_indices.size(0), target_indices.size(1), -1) + self.positions(
+            target_indices
+        )
         x = self.transformer(torch.cat([x, queries], dim=1))
-        return self.output_proj(x[:, -target_indices.size(1):])
+        return self.output_proj(x[:, -target_indices.size(1) :])
 
 
 class SeedIJEPA(nn.Module):
@@ -144,7 +152,11 @@ class SeedIJEPA(nn.Module):
             check_indices_item(indices, target_features.size(1))
             targets = torch.gather(target_features, 1, indices.unsqueeze(-1).expand(-1, -1, target_features.size(-1)))
             prediction = self.predictor(context, context_indices, indices)
-            losses.append(F.smooth_l1_loss(prediction, targets) if self.loss_name == "smooth_l1" else F.mse_loss(prediction, targets))
+            losses.append(
+                F.smooth_l1_loss(prediction, targets)
+                if self.loss_name == "smooth_l1"
+                else F.mse_loss(prediction, targets)
+            )
         return torch.stack(losses).mean()
 
     @torch.no_grad()

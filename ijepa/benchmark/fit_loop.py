@@ -72,9 +72,21 @@ class StepTimer(L.Callback):
 def run(config: str, overrides: list[str], steps: int, warmup: int) -> dict:
     """Fit ``steps`` steps of ``config`` and return images/s, step and data-wait times."""
     with tempfile.TemporaryDirectory() as root, mock.patch("sys.argv", ["ijepa"]):
-        cli = build_cli(["--config", config, *overrides, f"--trainer.max_steps={steps}", "--trainer.max_epochs=-1",
-                         "--trainer.limit_val_batches=0", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
-                         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={root}"], run=False)
+        cli = build_cli(
+            [
+                "--config",
+                config,
+                *overrides,
+                f"--trainer.max_steps={steps}",
+                "--trainer.max_epochs=-1",
+                "--trainer.limit_val_batches=0",
+                "--trainer.logger=false",
+                "--trainer.enable_progress_bar=false",
+                "--trainer.enable_model_summary=false",
+                f"--trainer.default_root_dir={root}",
+            ],
+            run=False,
+        )
         timer = StepTimer(warmup)
         # Probes and pictures act around validation (and at the first and last step); they are not
         # part of the training loop's throughput.
@@ -84,19 +96,28 @@ def run(config: str, overrides: list[str], steps: int, warmup: int) -> dict:
     step, wait = statistics.median(timer.step_seconds), statistics.median(timer.wait_seconds)
     epoch_waits = timer.epoch_start_wait_seconds
     total = sum(timer.step_seconds) + sum(timer.wait_seconds) + sum(epoch_waits)
-    return {"config": config, "overrides": overrides, "steps_timed": len(timer.step_seconds),
-            "batch_size": batch_size, "num_workers": cli.datamodule.hparams.num_workers,
-            "images_per_s": batch_size * len(timer.step_seconds) / total,
-            "step_ms": 1e3 * step, "data_wait_ms": 1e3 * wait,
-            "data_wait_fraction": sum(timer.wait_seconds) / total,
-            "epoch_starts": len(epoch_waits),
-            "epoch_start_wait_ms": 1e3 * statistics.mean(epoch_waits) if epoch_waits else 0.0,
-            "epoch_start_wait_fraction": sum(epoch_waits) / total}
+    return {
+        "config": config,
+        "overrides": overrides,
+        "steps_timed": len(timer.step_seconds),
+        "batch_size": batch_size,
+        "num_workers": cli.datamodule.hparams.num_workers,
+        "images_per_s": batch_size * len(timer.step_seconds) / total,
+        "step_ms": 1e3 * step,
+        "data_wait_ms": 1e3 * wait,
+        "data_wait_fraction": sum(timer.wait_seconds) / total,
+        "epoch_starts": len(epoch_waits),
+        "epoch_start_wait_ms": 1e3 * statistics.mean(epoch_waits) if epoch_waits else 0.0,
+        "epoch_start_wait_fraction": sum(epoch_waits) / total,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m ijepa.benchmark.fit_loop", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ijepa.benchmark.fit_loop",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", required=True)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
@@ -107,11 +128,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps <= args.warmup + 1:
         parser.error(f"--steps must be > --warmup + 1 = {args.warmup + 1}, got {args.steps}")
     result = run(args.config, overrides, args.steps, args.warmup)
-    print(f"{args.config} {' '.join(overrides)}: {result['images_per_s']:.1f} images/s through the whole loop; "
-          f"step {result['step_ms']:.1f} ms, data wait {result['data_wait_ms']:.2f} ms (median), "
-          f"{100 * result['data_wait_fraction']:.1f}% of the time waiting for data within epochs, "
-          f"{100 * result['epoch_start_wait_fraction']:.1f}% at {result['epoch_starts']} epoch starts "
-          f"({result['epoch_start_wait_ms']:.0f} ms each); {result['num_workers']} workers")
+    print(
+        f"{args.config} {' '.join(overrides)}: {result['images_per_s']:.1f} images/s through the whole loop; "
+        f"step {result['step_ms']:.1f} ms, data wait {result['data_wait_ms']:.2f} ms (median), "
+        f"{100 * result['data_wait_fraction']:.1f}% of the time waiting for data within epochs, "
+        f"{100 * result['epoch_start_wait_fraction']:.1f}% at {result['epoch_starts']} epoch starts "
+        f"({result['epoch_start_wait_ms']:.0f} ms each); {result['num_workers']} workers"
+    )
     print("FITLOOP " + json.dumps(result), flush=True)
     return result
 

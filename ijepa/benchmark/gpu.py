@@ -22,11 +22,20 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, 
 SUITE = {
     "vit_tiny_96": ("configs/stl10_vit_tiny.yaml", []),
     "vit_small_96": ("configs/stl10_vit_small.yaml", []),
-    "vit_base16_224": ("configs/stl10_vit_small.yaml", [
-        "--data.image_size=224", "--model.patch_size=16", "--model.embed_dim=768", "--model.depth=12",
-        "--model.num_heads=12", "--model.predictor_embed_dim=384", "--model.predictor_depth=6",
-        "--model.predictor_num_heads=12", "--data.batch_size=128",
-    ]),
+    "vit_base16_224": (
+        "configs/stl10_vit_small.yaml",
+        [
+            "--data.image_size=224",
+            "--model.patch_size=16",
+            "--model.embed_dim=768",
+            "--model.depth=12",
+            "--model.num_heads=12",
+            "--model.predictor_embed_dim=384",
+            "--model.predictor_depth=6",
+            "--model.predictor_num_heads=12",
+            "--data.batch_size=128",
+        ],
+    ),
 }
 
 
@@ -53,11 +62,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = []
     for name in args.models:
         config, overrides = SUITE[name]
-        bench_args = parse_args([
-            "--config", config, *overrides, *args.extra, "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--precision", args.precision, "--device", args.device, *([] if args.knn else ["--no-knn"]),
-            *(["--peak-tflops", str(peak)] if peak else []),
-        ])
+        bench_args = parse_args(
+            [
+                "--config",
+                config,
+                *overrides,
+                *args.extra,
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--precision",
+                args.precision,
+                "--device",
+                args.device,
+                *([] if args.knn else ["--no-knn"]),
+                *(["--peak-tflops", str(peak)] if peak else []),
+            ]
+        )
         result = {"model": name, **run(bench_args)}
         print(format_table(result))
         print("BENCHMARK " + json.dumps(result), flush=True)

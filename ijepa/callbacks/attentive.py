@@ -35,8 +35,15 @@ class AttentivePooler(nn.Module):
 
 
 def train_attentive_classifier(
-    tokens: torch.Tensor, labels: torch.Tensor, num_classes: int, num_heads: int = 4, steps: int = 400,
-    batch_size: int = 128, lr: float = 1e-3, weight_decay: float = 0.01, seed: int = 0,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    num_heads: int = 4,
+    steps: int = 400,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    weight_decay: float = 0.01,
+    seed: int = 0,
 ) -> AttentivePooler:
     """An :class:`AttentivePooler` fitted on ``tokens [N, K, D]`` and ``labels [N]`` with AdamW,
     ``steps`` minibatches of ``batch_size``. Its initialisation and batches come from ``seed``
@@ -49,8 +56,9 @@ def train_attentive_classifier(
         optimizer = torch.optim.AdamW(probe.parameters(), lr=lr, weight_decay=weight_decay)
         generator = torch.Generator(device=tokens.device).manual_seed(seed)
         for _ in range(steps):
-            batch = torch.randint(0, tokens.size(0), (min(batch_size, tokens.size(0)),), generator=generator,
-                                  device=tokens.device)
+            batch = torch.randint(
+                0, tokens.size(0), (min(batch_size, tokens.size(0)),), generator=generator, device=tokens.device
+            )
             loss = F.cross_entropy(probe(tokens[batch]), labels[batch])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -85,9 +93,18 @@ class AttentiveProbe(LinearProbe):
     metric = "attentive_top1"
     title = "Attentive probe"
 
-    def __init__(self, every_n_epochs: int = 1, num_heads: int = 4, steps: int = 400, batch_size: int = 128,
-                 lr: float = 1e-3, weight_decay: float = 0.01, encoder: str = "target", probe_at_start: bool = True,
-                 seed: int = 0):
+    def __init__(
+        self,
+        every_n_epochs: int = 1,
+        num_heads: int = 4,
+        steps: int = 400,
+        batch_size: int = 128,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        encoder: str = "target",
+        probe_at_start: bool = True,
+        seed: int = 0,
+    ):
         super().__init__(every_n_epochs=every_n_epochs, encoder=encoder, probe_at_start=probe_at_start)
         for name, value in (("num_heads", num_heads), ("steps", steps), ("batch_size", batch_size)):
             if value < 1:
@@ -109,12 +126,25 @@ class AttentiveProbe(LinearProbe):
         datamodule = trainer.datamodule
         was_training = pl_module.training
         pl_module.eval()
-        train_x, train_y = extract_features(trainer, pl_module, datamodule.knn_train_dataloader(), self.encoder, tokens=True)
-        test_x, test_y = extract_features(trainer, pl_module, datamodule.knn_test_dataloader(), self.encoder, tokens=True)
+        train_x, train_y = extract_features(
+            trainer, pl_module, datamodule.knn_train_dataloader(), self.encoder, tokens=True
+        )
+        test_x, test_y = extract_features(
+            trainer, pl_module, datamodule.knn_test_dataloader(), self.encoder, tokens=True
+        )
         pl_module.train(was_training)
         num_classes = datamodule.num_classes
-        probe = train_attentive_classifier(train_x, train_y, num_classes, self.num_heads, self.steps, self.batch_size,
-                                           self.lr, self.weight_decay, self.seed)
+        probe = train_attentive_classifier(
+            train_x,
+            train_y,
+            num_classes,
+            self.num_heads,
+            self.steps,
+            self.batch_size,
+            self.lr,
+            self.weight_decay,
+            self.seed,
+        )
         with torch.no_grad():
             logits = probe(test_x.float())
         accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro").to(logits.device)

@@ -24,7 +24,9 @@ class CheckpointFolderCheck(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         problem = None
         if trainer.is_global_zero:
-            folders = [Path(c.dirpath) for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+            folders = [
+                Path(c.dirpath) for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath
+            ]
             problem = next(filter(None, map(_unwritable, folders)), None)
             if problem is None:
                 folders += [Path(trainer.ckpt_path).parent] if trainer.ckpt_path else []
@@ -43,8 +45,10 @@ def _unwritable(folder: Path) -> str | None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as error:
-        return (f"cannot write checkpoints to {folder} ({type(error).__name__}: {error}); point "
-                f"trainer.default_root_dir (or the ModelCheckpoint's dirpath) at a writable folder.")
+        return (
+            f"cannot write checkpoints to {folder} ({type(error).__name__}: {error}); point "
+            f"trainer.default_root_dir (or the ModelCheckpoint's dirpath) at a writable folder."
+        )
     return None
 
 
@@ -65,7 +69,9 @@ class PreemptionCheckpoint(Callback):
 
     def path(self, trainer: L.Trainer) -> Path:
         callback = trainer.checkpoint_callback
-        folder = callback.dirpath if isinstance(callback, ModelCheckpoint) and callback.dirpath else trainer.default_root_dir
+        folder = (
+            callback.dirpath if isinstance(callback, ModelCheckpoint) and callback.dirpath else trainer.default_root_dir
+        )
         return Path(folder) / self.filename
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:

@@ -42,10 +42,18 @@ class CollapseMonitor(L.Callback):
         at_start: also measure the random-init encoder when ``fit`` starts at step 0.
     """
 
-    def __init__(self, std_threshold: float = 0.01, rankme_threshold: float = 1.5, rankme_fraction: float = 0.1,
-                 max_samples: int = 4096, at_start: bool = True):
+    def __init__(
+        self,
+        std_threshold: float = 0.01,
+        rankme_threshold: float = 1.5,
+        rankme_fraction: float = 0.1,
+        max_samples: int = 4096,
+        at_start: bool = True,
+    ):
         if std_threshold < 0 or rankme_threshold < 0:
-            raise ValueError(f"thresholds must be >= 0, got std_threshold={std_threshold}, rankme_threshold={rankme_threshold}.")
+            raise ValueError(
+                f"thresholds must be >= 0, got std_threshold={std_threshold}, rankme_threshold={rankme_threshold}."
+            )
         if not 0.0 <= rankme_fraction <= 1.0:
             raise ValueError(f"rankme_fraction must be in [0, 1], got {rankme_fraction}.")
         if max_samples < 2:
@@ -68,7 +76,9 @@ class CollapseMonitor(L.Callback):
         if not warn:
             return std, rank
         if std < self.std_threshold:
-            rank_zero_warn(f"Possible collapse at step {step}: val/target_std={std:.3g} < std_threshold={self.std_threshold}.")
+            rank_zero_warn(
+                f"Possible collapse at step {step}: val/target_std={std:.3g} < std_threshold={self.std_threshold}."
+            )
         floor = self.rankme_floor(features.size(1))
         if rank < floor:
             rank_zero_warn(
@@ -85,7 +95,9 @@ class CollapseMonitor(L.Callback):
         with torch.no_grad():
             for batch in trainer.datamodule.val_dataloader():
                 images = batch["images"].to(pl_module.device)
-                times = pl_module.token_times(batch["frame_times"].to(pl_module.device)) if "frame_times" in batch else {}
+                times = (
+                    pl_module.token_times(batch["frame_times"].to(pl_module.device)) if "frame_times" in batch else {}
+                )
                 pooled = pl_module.target_encoder(images, **times).mean(dim=1)[: self.max_samples - count]
                 features.append(pooled)
                 count += pooled.size(0)
@@ -120,5 +132,7 @@ class CollapseMonitor(L.Callback):
         pl_module.log("val/target_std", std)
         pl_module.log("val/rankme", rank)
         if trainer.state.fn == "fit":
-            rank_zero_info(f"Collapse monitor (step {trainer.global_step}): val/rankme = {rank:.2f}, val/target_std = {std:.4f}")
+            rank_zero_info(
+                f"Collapse monitor (step {trainer.global_step}): val/rankme = {rank:.2f}, val/target_std = {std:.4f}"
+            )
         self._features = []

@@ -47,13 +47,17 @@ class EMATargetUpdate(Callback):
         target = dict(pl_module.target_encoder.named_parameters())
         online = dict(pl_module.encoder.named_parameters())
         if target.keys() != online.keys():
-            raise ValueError(f"target and online encoders differ in parameters: {sorted(target.keys() ^ online.keys())}")
+            raise ValueError(
+                f"target and online encoders differ in parameters: {sorted(target.keys() ^ online.keys())}"
+            )
         return [target[n].data for n in target], [online[n].data for n in target]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_step = trainer.global_step
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if step == self._last_step:  # gradients are still accumulating: no optimizer step yet
             return

@@ -48,5 +48,7 @@ class FeatureWriter(BasePredictionWriter):
         torch.save(result, temporary)
         os.replace(temporary, path)
         self.written.append(path)
-        rank_zero_info(f"Wrote {result['features'].shape[0]} feature vectors of width {result['features'].shape[1]} "
-                       f"and their labels to {path}")
+        rank_zero_info(
+            f"Wrote {result['features'].shape[0]} feature vectors of width {result['features'].shape[1]} "
+            f"and their labels to {path}"
+        )

@@ -14,7 +14,9 @@ from ijepa.pictures import clip_mask_overlay, heat_map, mask_overlay
 
 
 @torch.no_grad()
-def position_loss_map(pl_module: L.LightningModule, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def position_loss_map(
+    pl_module: L.LightningModule, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position prediction loss of one masked batch: ``(loss_sum [N], count [N])``.
 
     ``loss_sum[i]`` adds the loss (the module's own :meth:`~ijepa.module.IJEPA.prediction_loss`,
@@ -68,12 +70,18 @@ class JEPAImages(Callback):
         shown = {k: v[: self.num_images] for k, v in batch.items()}
         hp = pl_module.hparams
         if hp.num_frames:  # clips: one row of tubelet first frames per clip, loss map per time slice
-            overlay = clip_mask_overlay(unnormalize(shown["images"]), shown["context_indices"], shown["target_indices"],
-                                        hp.patch_size, hp.tubelet_size)
+            overlay = clip_mask_overlay(
+                unnormalize(shown["images"]),
+                shown["context_indices"],
+                shown["target_indices"],
+                hp.patch_size,
+                hp.tubelet_size,
+            )
             grid_size = pl_module.encoder.grid
         else:
-            overlay = mask_overlay(unnormalize(shown["images"]), shown["context_indices"], shown["target_indices"],
-                                   hp.patch_size)
+            overlay = mask_overlay(
+                unnormalize(shown["images"]), shown["context_indices"], shown["target_indices"], hp.patch_size
+            )
             grid_size = pl_module.encoder.grid_size
         per_position = torch.where(count > 0, loss_sum / count.clamp_min(1), torch.full_like(loss_sum, float("nan")))
         for logger in loggers:

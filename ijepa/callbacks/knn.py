@@ -42,8 +42,14 @@ def _shard(loader: DataLoader, rank: int, world: int) -> DataLoader:
     size = len(loader.dataset)
     per_rank = math.ceil(size / world)
     indices = [min(j * world + rank, size - 1) for j in range(per_rank)]
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=indices, num_workers=loader.num_workers,
-                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=indices,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+    )
 
 
 def _unshard(gathered: torch.Tensor, size: int) -> torch.Tensor:
@@ -62,7 +68,11 @@ def _weights_key(trainer: L.Trainer, pl_module: L.LightningModule, encoder: str)
 
 @torch.no_grad()
 def extract_features(
-    trainer: L.Trainer, pl_module: L.LightningModule, loader: DataLoader, encoder: str = "target", last_blocks: int = 1,
+    trainer: L.Trainer,
+    pl_module: L.LightningModule,
+    loader: DataLoader,
+    encoder: str = "target",
+    last_blocks: int = 1,
     tokens: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean-pooled ``encoder`` features ``[N, D]`` (``[N, last_blocks * D]``, see
@@ -89,8 +99,9 @@ def extract_features(
     return cache["features"][key]
 
 
-def _extract_features(trainer: L.Trainer, pl_module: L.LightningModule, loader: DataLoader, encoder: str,
-                      last_blocks: int, tokens: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _extract_features(
+    trainer: L.Trainer, pl_module: L.LightningModule, loader: DataLoader, encoder: str, last_blocks: int, tokens: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     world, rank = trainer.world_size, trainer.global_rank
     if world > 1:
         loader = _shard(loader, rank, world)

@@ -25,7 +25,9 @@ def train_linear_classifier(
         return _fit(features.float().clone(), labels.clone(), num_classes, weight_decay, max_iter)
 
 
-def _fit(features: torch.Tensor, labels: torch.Tensor, num_classes: int, weight_decay: float, max_iter: int) -> torch.nn.Linear:
+def _fit(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int, weight_decay: float, max_iter: int
+) -> torch.nn.Linear:
     mean, std = features.mean(0), features.std(0).clamp_min(1e-6)
     x = (features - mean) / std
     linear = torch.nn.Linear(x.size(1), num_classes).to(x.device)
@@ -104,15 +106,21 @@ class LinearProbe(Probe):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         depth = len(pl_module.encoder.transformer.blocks)
         if self.last_blocks > depth:
-            raise ValueError(f"LinearProbe last_blocks must be in 1..{depth} (the encoder depth), got {self.last_blocks}.")
+            raise ValueError(
+                f"LinearProbe last_blocks must be in 1..{depth} (the encoder depth), got {self.last_blocks}."
+            )
 
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
         """Top-1 accuracy in [0, 1] of a linear classifier on the current encoder's features."""
         datamodule = trainer.datamodule
         was_training = pl_module.training
         pl_module.eval()
-        train_x, train_y = extract_features(trainer, pl_module, datamodule.knn_train_dataloader(), self.encoder, self.last_blocks)
-        test_x, test_y = extract_features(trainer, pl_module, datamodule.knn_test_dataloader(), self.encoder, self.last_blocks)
+        train_x, train_y = extract_features(
+            trainer, pl_module, datamodule.knn_train_dataloader(), self.encoder, self.last_blocks
+        )
+        test_x, test_y = extract_features(
+            trainer, pl_module, datamodule.knn_test_dataloader(), self.encoder, self.last_blocks
+        )
         pl_module.train(was_training)
         num_classes = datamodule.num_classes
         classifier = train_linear_classifier(train_x, train_y, num_classes, self.weight_decay, self.max_iter)

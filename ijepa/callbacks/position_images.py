@@ -34,8 +34,12 @@ class PositionSimilarityImages(Callback):
             table = position.table().detach().float()
             images = {}
             if isinstance(position, VideoPositionEncoding):
-                slices = F.normalize(table.view(position.grid_time, position.grid_height * position.grid_width, -1), dim=-1)
-                images[f"positions/{name}_time"] = heat_image(torch.einsum("tsd,usd->tu", slices, slices) / slices.size(1), 16)
+                slices = F.normalize(
+                    table.view(position.grid_time, position.grid_height * position.grid_width, -1), dim=-1
+                )
+                images[f"positions/{name}_time"] = heat_image(
+                    torch.einsum("tsd,usd->tu", slices, slices) / slices.size(1), 16
+                )
                 table = table[: position.grid_height * position.grid_width]
             images[f"positions/{name}"] = cosine_similarity_grid(table, position.grid_height, position.grid_width)
             for logger in loggers:

@@ -207,8 +207,10 @@ class IJEPADataModule(L.LightningDataModule):
             raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, or null; got {crop_scale}.")
         self.save_hyperparameters()
         if (dataset in CLIP_DATASETS) != (num_frames > 0):
-            raise ValueError(f"num_frames must be > 0 exactly for the clip datasets {CLIP_DATASETS}, got num_frames={num_frames} "
-                             f"with dataset={dataset!r}.")
+            raise ValueError(
+                f"num_frames must be > 0 exactly for the clip datasets {CLIP_DATASETS}, got num_frames={num_frames} "
+                f"with dataset={dataset!r}."
+            )
         if clip_fps is not None and not clip_fps > 0:
             raise ValueError(f"clip_fps must be > 0 frames per second, or null; got {clip_fps}.")
         if frame_stride < 1:
@@ -218,12 +220,23 @@ class IJEPADataModule(L.LightningDataModule):
             if tubelet_size < 1 or num_frames % tubelet_size:
                 raise ValueError(f"num_frames={num_frames} must be a positive multiple of tubelet_size={tubelet_size}.")
             self.mask_sampler = SpatioTemporalMaskSampler(
-                num_frames // tubelet_size, self.grid_size, num_target_blocks, target_scale, target_aspect_ratio,
-                temporal_scale, min_keep=min_keep, context_policy=context_policy,
+                num_frames // tubelet_size,
+                self.grid_size,
+                num_target_blocks,
+                target_scale,
+                target_aspect_ratio,
+                temporal_scale,
+                min_keep=min_keep,
+                context_policy=context_policy,
             )
         else:
             self.mask_sampler = MultiBlockMaskSampler(
-                self.grid_size, num_target_blocks, target_scale, target_aspect_ratio, context_scale, min_keep=min_keep,
+                self.grid_size,
+                num_target_blocks,
+                target_scale,
+                target_aspect_ratio,
+                context_scale,
+                min_keep=min_keep,
                 context_policy=context_policy,
             )
         self.num_classes = 10
@@ -261,8 +274,13 @@ class IJEPADataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if not self._splits:
             self.mask_sampler.check()
-            builder = {"stl10": self._stl10, "imagefolder": self._imagefolder, "shapes": self._shapes,
-                       "moving_shapes": self._moving_shapes, "videofolder": self._videofolder}
+            builder = {
+                "stl10": self._stl10,
+                "imagefolder": self._imagefolder,
+                "shapes": self._shapes,
+                "moving_shapes": self._moving_shapes,
+                "videofolder": self._videofolder,
+            }
             self._splits = builder[self.hparams.dataset]()
             if self.hparams.probe_root is not None:
                 self._probe_splits()
@@ -275,8 +293,10 @@ class IJEPADataModule(L.LightningDataModule):
         root = Path(self.hparams.probe_root)
         splits, num_classes = self._folder_splits(kind, make, root, "data.probe_root")
         if num_classes < 2:
-            raise ValueError(f"data.probe_root={str(root)!r} must hold labelled {kind}s for the probes: at least two "
-                             f"class sub-folders, got {num_classes}.")
+            raise ValueError(
+                f"data.probe_root={str(root)!r} must hold labelled {kind}s for the probes: at least two "
+                f"class sub-folders, got {num_classes}."
+            )
         self._splits.update(knn_train=splits["knn_train"], knn_test=splits["knn_test"])
         self.num_classes = num_classes
 
@@ -324,11 +344,13 @@ class IJEPADataModule(L.LightningDataModule):
 
     def _image(self, path: Path, training: bool, class_to_idx: dict[str, int] | None) -> RobustImageFolder:
         transform = self.train_transform() if training else self.eval_transform()
-        return RobustImageFolder(str(path), transform=transform, bad_images=self.hparams.bad_images,
-                                 class_to_idx=class_to_idx)
+        return RobustImageFolder(
+            str(path), transform=transform, bad_images=self.hparams.bad_images, class_to_idx=class_to_idx
+        )
 
-    def _folder_splits(self, kind: str, make: Callable[[Path, bool, dict | None], Dataset], root: Path, option: str
-                       ) -> tuple[dict[str, Dataset], int]:
+    def _folder_splits(
+        self, kind: str, make: Callable[[Path, bool, dict | None], Dataset], root: Path, option: str
+    ) -> tuple[dict[str, Dataset], int]:
         """The four splits of a class-folder dataset (images or videos) under ``root`` (set by the
         option named ``option``) and its number of classes. ``make(path, training, class_to_idx)``
         builds one dataset with ``classes``, ``class_to_idx`` and ``targets``, numbering its classes
@@ -365,16 +387,27 @@ class IJEPADataModule(L.LightningDataModule):
                 f"{option}={str(root)!r} has too few {kind}s to hold out "
                 f"holdout_fraction={self.hparams.holdout_fraction} of each class for probing."
             )
-        return {"pretrain": Subset(pretrain_set, train_idx), "val": Subset(eval_set, test_idx),
-                "knn_train": Subset(eval_set, train_idx), "knn_test": Subset(eval_set, test_idx)}, num_classes
+        return {
+            "pretrain": Subset(pretrain_set, train_idx),
+            "val": Subset(eval_set, test_idx),
+            "knn_train": Subset(eval_set, train_idx),
+            "knn_test": Subset(eval_set, test_idx),
+        }, num_classes
 
     def _shapes(self) -> dict[str, Dataset]:
         hp = self.hparams
+
         # Shapes are rendered at the model's image size; the transforms only normalise (and crop).
         def make(split: str, size: int, transform: v2.Transform) -> ShapesDataset:
             return ShapesDataset(
-                size, hp.image_size, split=split, seed=hp.seed, background=hp.shapes_background,
-                transform=transform, num_objects=tuple(hp.shapes_num_objects), radius=tuple(hp.shapes_radius),
+                size,
+                hp.image_size,
+                split=split,
+                seed=hp.seed,
+                background=hp.shapes_background,
+                transform=transform,
+                num_objects=tuple(hp.shapes_num_objects),
+                radius=tuple(hp.shapes_radius),
             )
 
         train_set = make("train", hp.shapes_train_size, self.train_transform())
@@ -387,13 +420,24 @@ class IJEPADataModule(L.LightningDataModule):
 
     def _moving_shapes(self) -> dict[str, Dataset]:
         hp = self.hparams
+
         # Clips are rendered at the model's size; the transform only normalises and puts channels first.
         def make(split: str, size: int) -> MovingShapesClips:
-            return MovingShapesClips(size, hp.num_frames, hp.image_size, split=split, seed=hp.seed,
-                                     num_directions=hp.clip_directions, speed=tuple(hp.clip_speed),
-                                     background=hp.clip_background, fps=hp.clip_fps,
-                                     num_objects=hp.clip_num_objects, label=hp.clip_label, transform=ClipToTensor(),
-                                     cache=True)  # rendered once, not once an epoch
+            return MovingShapesClips(
+                size,
+                hp.num_frames,
+                hp.image_size,
+                split=split,
+                seed=hp.seed,
+                num_directions=hp.clip_directions,
+                speed=tuple(hp.clip_speed),
+                background=hp.clip_background,
+                fps=hp.clip_fps,
+                num_objects=hp.clip_num_objects,
+                label=hp.clip_label,
+                transform=ClipToTensor(),
+                cache=True,
+            )  # rendered once, not once an epoch
 
         train_set = make("train", hp.shapes_train_size)
         val_set = make("val", hp.shapes_val_size)
@@ -406,9 +450,17 @@ class IJEPADataModule(L.LightningDataModule):
 
     def _video(self, path: Path, training: bool, class_to_idx: dict[str, int] | None) -> Dataset:
         hp = self.hparams
-        return VideoFolderClips(path, hp.num_frames, hp.image_size, fps=hp.clip_fps, frame_stride=hp.frame_stride,
-                                start="random" if training else "center", crop_scale=hp.crop_scale if training else None,
-                                transform=ClipToTensor(), class_to_idx=class_to_idx)
+        return VideoFolderClips(
+            path,
+            hp.num_frames,
+            hp.image_size,
+            fps=hp.clip_fps,
+            frame_stride=hp.frame_stride,
+            start="random" if training else "center",
+            crop_scale=hp.crop_scale if training else None,
+            transform=ClipToTensor(),
+            class_to_idx=class_to_idx,
+        )
 
     def split(self, name: str) -> Dataset:
         """One of the datasets ``pretrain``, ``val``, ``knn_train``, ``knn_test``."""
@@ -418,7 +470,13 @@ class IJEPADataModule(L.LightningDataModule):
 
     # --- loaders ------------------------------------------------------------------------------
     def _loader(
-        self, dataset: Dataset, batch_size: int, shuffle: bool, collate_fn, drop_last: bool = False, persistent: bool = True
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        shuffle: bool,
+        collate_fn,
+        drop_last: bool = False,
+        persistent: bool = True,
     ) -> DataLoader:
         workers = self.hparams.num_workers
         return DataLoader(
@@ -449,8 +507,12 @@ class IJEPADataModule(L.LightningDataModule):
         hp, trainer = self.hparams, self.trainer
         seed = self.sampling_seed()
         sampler = EpochSampler(
-            self.split("pretrain"), hp.batch_size, num_replicas=trainer.world_size if trainer else 1,
-            rank=trainer.global_rank if trainer else 0, seed=seed, shuffle=True,
+            self.split("pretrain"),
+            hp.batch_size,
+            num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0,
+            seed=seed,
+            shuffle=True,
         )
         workers = hp.num_workers
         return ResumableDataLoader(
@@ -481,8 +543,12 @@ class IJEPADataModule(L.LightningDataModule):
 
     def knn_train_dataloader(self) -> DataLoader:
         """Labelled bank for the k-NN probe, evaluation transform, ``{"images", "labels"}`` batches."""
-        return self._loader(self.split("knn_train"), self.hparams.knn_batch_size, False, labeled_collate, persistent=False)
+        return self._loader(
+            self.split("knn_train"), self.hparams.knn_batch_size, False, labeled_collate, persistent=False
+        )
 
     def knn_test_dataloader(self) -> DataLoader:
         """Held-out labelled queries for the k-NN probe."""
-        return self._loader(self.split("knn_test"), self.hparams.knn_batch_size, False, labeled_collate, persistent=False)
+        return self._loader(
+            self.split("knn_test"), self.hparams.knn_batch_size, False, labeled_collate, persistent=False
+        )

@@ -68,7 +68,9 @@ class RobustImageFolder(datasets.ImageFolder):
     :func:`load_rgb`, which maps every PIL mode to 8-bit RGB.
     """
 
-    def __init__(self, root: str, transform=None, bad_images: str = "error", class_to_idx: dict[str, int] | None = None):
+    def __init__(
+        self, root: str, transform=None, bad_images: str = "error", class_to_idx: dict[str, int] | None = None
+    ):
         if bad_images not in BAD_IMAGE_POLICIES:
             raise ValueError(f"bad_images must be one of {BAD_IMAGE_POLICIES}, got {bad_images!r}.")
         self._given_class_to_idx = class_to_idx  # read by find_classes, which ImageFolder.__init__ calls
@@ -88,16 +90,20 @@ class RobustImageFolder(datasets.ImageFolder):
         return find_classes(directory, self._given_class_to_idx)
 
     @staticmethod
-    def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False
-                     ) -> list[tuple[str, int]]:
+    def make_dataset(
+        directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False
+    ) -> list[tuple[str, int]]:
         """torchvision's ``(path, class index)`` samples, or, with no classes, the loose images
         directly in ``directory``, labelled ``-1``."""
         if class_to_idx:
             samples = datasets.folder.make_dataset(directory, class_to_idx, extensions, is_valid_file, allow_empty)
         else:  # no class folders: the image files directly in the folder, unlabelled
             valid = is_valid_file or (lambda name: datasets.folder.has_file_allowed_extension(name, extensions))
-            samples = [(entry.path, UNLABELLED) for entry in sorted(os.scandir(directory), key=lambda e: e.name)
-                       if entry.is_file() and valid(entry.path)]
+            samples = [
+                (entry.path, UNLABELLED)
+                for entry in sorted(os.scandir(directory), key=lambda e: e.name)
+                if entry.is_file() and valid(entry.path)
+            ]
         if not samples:
             raise FileNotFoundError(f"found no image files in {directory}.")
         return samples
@@ -118,7 +124,9 @@ class RobustImageFolder(datasets.ImageFolder):
                     ) from error
                 if path not in self.skipped:
                     self.skipped.add(path)
-                    warnings.warn(f"skipping unreadable image {path} ({error}); {len(self.skipped)} skipped so far.", stacklevel=2)
+                    warnings.warn(
+                        f"skipping unreadable image {path} ({error}); {len(self.skipped)} skipped so far.", stacklevel=2
+                    )
         raise ValueError(f"no readable image under {Path(self.root)}.")
 
 

@@ -82,10 +82,23 @@ class MovingShapesClips(Dataset):
             rendered in batches) instead of on every access; both give the same clips.
     """
 
-    def __init__(self, num_samples: int, num_frames: int = 8, image_size: int = 32, split: str = "train", seed: int = 0,
-                 num_directions: int = 4, speed: tuple[float, float] = (1.0, 2.0), radius: tuple[float, float] = (0.12, 0.2),
-                 background: str = "texture", fps: float | None = None, num_objects: int = 1, label: str = "direction",
-                 transform=None, cache: bool = False):
+    def __init__(
+        self,
+        num_samples: int,
+        num_frames: int = 8,
+        image_size: int = 32,
+        split: str = "train",
+        seed: int = 0,
+        num_directions: int = 4,
+        speed: tuple[float, float] = (1.0, 2.0),
+        radius: tuple[float, float] = (0.12, 0.2),
+        background: str = "texture",
+        fps: float | None = None,
+        num_objects: int = 1,
+        label: str = "direction",
+        transform=None,
+        cache: bool = False,
+    ):
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
         if num_frames < 2:
@@ -97,7 +110,9 @@ class MovingShapesClips(Dataset):
         if num_directions not in (4, 8):
             raise ValueError(f"num_directions must be 4 or 8, got {num_directions}.")
         if not 0 < speed[0] <= speed[1] < image_size / 2:
-            raise ValueError(f"speed must be (min, max) pixels per frame with 0 < min <= max < image_size / 2, got {speed}.")
+            raise ValueError(
+                f"speed must be (min, max) pixels per frame with 0 < min <= max < image_size / 2, got {speed}."
+            )
         if not 0 < radius[0] <= radius[1] <= 0.5:
             raise ValueError(f"radius must be (min, max) with 0 < min <= max <= 0.5, got {radius}.")
         if background not in BACKGROUNDS:
@@ -133,7 +148,9 @@ class MovingShapesClips(Dataset):
         g = torch.Generator().manual_seed(_index_seed(self.seed, self.split, index))
         u = torch.rand(12, generator=g, dtype=torch.float64).tolist()
         size = self.image_size
-        angle = 2 * math.pi * self.directions_of[index] / self.num_directions  # 0 = right, clockwise in image coordinates
+        angle = (
+            2 * math.pi * self.directions_of[index] / self.num_directions
+        )  # 0 = right, clockwise in image coordinates
         speed = self.speed[0] + (self.speed[1] - self.speed[0]) * u[0]
         radius = size * (self.radius[0] + (self.radius[1] - self.radius[0]) * u[1])
         theta = 2 * math.pi * u[2]
@@ -141,19 +158,41 @@ class MovingShapesClips(Dataset):
         bg = colorsys.hsv_to_rgb(u[6], 0.35 * u[7], 0.05 + 0.9 * u[8])
         if _rgb_dist(fg, bg) < _MIN_CONTRAST:
             bg = max(((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)), key=lambda c: _rgb_dist(c, fg))
-        objects = [dict(x0=size * u[10], y0=size * u[11], radius=radius, c=math.cos(theta) / radius,
-                        s=math.sin(theta) / radius, fg=fg)]
+        objects = [
+            dict(
+                x0=size * u[10],
+                y0=size * u[11],
+                radius=radius,
+                c=math.cos(theta) / radius,
+                s=math.sin(theta) / radius,
+                fg=fg,
+            )
+        ]
         noise = torch.randn(self.num_frames, 3, size, size, generator=g)
         texture = torch.randn(3, size, size, generator=g)
         for _ in range(self.num_objects - 1):  # more instances of the clip's shape, all moving together
             x, y, r, a, h, sat, val = torch.rand(7, generator=g, dtype=torch.float64).tolist()
             r = size * (self.radius[0] + (self.radius[1] - self.radius[0]) * r)
-            objects.append(dict(x0=size * x, y0=size * y, radius=r, c=math.cos(2 * math.pi * a) / r,
-                                s=math.sin(2 * math.pi * a) / r,
-                                fg=colorsys.hsv_to_rgb(h, 0.65 + 0.35 * sat, 0.75 + 0.25 * val)))
+            objects.append(
+                dict(
+                    x0=size * x,
+                    y0=size * y,
+                    radius=r,
+                    c=math.cos(2 * math.pi * a) / r,
+                    s=math.sin(2 * math.pi * a) / r,
+                    fg=colorsys.hsv_to_rgb(h, 0.65 + 0.35 * sat, 0.75 + 0.25 * val),
+                )
+            )
         shape = self.targets[index] if self.label == "shape" else int(u[9] * len(CLASSES)) % len(CLASSES)
-        return dict(shape=shape, objects=objects,
-                    vx=speed * math.cos(angle), vy=speed * math.sin(angle), bg=bg, noise=noise, texture=texture)
+        return dict(
+            shape=shape,
+            objects=objects,
+            vx=speed * math.cos(angle),
+            vy=speed * math.sin(angle),
+            bg=bg,
+            noise=noise,
+            texture=texture,
+        )
 
     def frames(self, index: int) -> tuple[list[dict], Tensor | None]:
         """Clip ``index``'s per-frame render parameters and its background ``[T, 3, H, W]`` (or
@@ -166,9 +205,12 @@ class MovingShapesClips(Dataset):
                 cx, cy = (o["x0"] + p["vx"] * t) % size, (o["y0"] + p["vy"] * t) % size
                 # the torus: the shape and its copies one image-width away, so it wraps at the edges
                 reach = 1.5 * o["radius"]  # every shape fits in a disc of its radius * sqrt(2)
-                copies += [dict(cx=cx + dx, cy=cy + dy, c=o["c"], s=o["s"], fg=o["fg"])
-                           for dx in (-size, 0, size) for dy in (-size, 0, size)
-                           if -reach < cx + dx < size + reach and -reach < cy + dy < size + reach]
+                copies += [
+                    dict(cx=cx + dx, cy=cy + dy, c=o["c"], s=o["s"], fg=o["fg"])
+                    for dx in (-size, 0, size)
+                    for dy in (-size, 0, size)
+                    if -reach < cx + dx < size + reach and -reach < cy + dy < size + reach
+                ]
             frames.append(dict(label=p["shape"], objects=copies, bg=p["bg"], noise=p["noise"][t]))
         if self.background == "plain":
             return frames, None

@@ -25,7 +25,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 def mix_seed(*parts: int) -> int:
     """A well-mixed 63-bit seed from integers (NumPy's ``SeedSequence``), the same in every process."""
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFFFFFFFFFF for p in parts]).generate_state(1, np.uint64)[0] >> 1)
+    return int(
+        np.random.SeedSequence([int(p) & 0xFFFFFFFFFFFFFFFF for p in parts]).generate_state(1, np.uint64)[0] >> 1
+    )
 
 
 class EpochSampler(DistributedSampler):

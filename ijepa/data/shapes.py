@@ -215,9 +215,7 @@ def _sample_params(
 
     # rejection over a fixed number of candidates keeps the draw count constant
     b = u[1 + _N_OBJECT_U * _MAX_OBJECTS :]
-    candidates = [
-        colorsys.hsv_to_rgb(b[3 * k], 0.35 * b[1 + 3 * k], 0.05 + 0.9 * b[2 + 3 * k]) for k in range(4)
-    ]
+    candidates = [colorsys.hsv_to_rgb(b[3 * k], 0.35 * b[1 + 3 * k], 0.05 + 0.9 * b[2 + 3 * k]) for k in range(4)]
 
     def contrast(c):
         return min(_rgb_dist(c, o["fg"]) for o in objects)
@@ -300,7 +298,7 @@ def _coverage(instances: list[tuple[int, dict]], image_size: int) -> Tensor:
         # integer sub-sample counts are exact, so no reduction-order effects
         count = inside.view(len(sub), side, ss, side, ss).sum((2, 4)).float() / (ss * ss)
         for j, i in enumerate(idx.tolist()):
-            alpha[i, y0[j]:y0[j] + side, x0[j]:x0[j] + side] = count[j]
+            alpha[i, y0[j] : y0[j] + side, x0[j] : x0[j] + side] = count[j]
     return alpha
 
 
@@ -434,9 +432,7 @@ class ShapesDataset(Dataset):
     def render(self, indices: Sequence[int]) -> Tensor:
         """Render the given (non-negative, in range) indices; -> uint8 [len(indices), 3, H, W]."""
         params = [
-            _sample_params(
-                self.seed, self.split, i, self.image_size, self.num_classes, self.num_objects, self.radius
-            )
+            _sample_params(self.seed, self.split, i, self.image_size, self.num_classes, self.num_objects, self.radius)
             for i in indices
         ]
         return _render(params, self.image_size, self.background)

@@ -32,12 +32,15 @@ def _import_av():
     try:
         import av
     except ImportError as error:  # the optional extra
-        raise ImportError("dataset 'videofolder' decodes with PyAV: pip install av (in a clone: pip install -e '.[video]').") from error
+        raise ImportError(
+            "dataset 'videofolder' decodes with PyAV: pip install av (in a clone: pip install -e '.[video]')."
+        ) from error
     return av
 
 
-def find_videos(root: str | Path, class_to_idx: dict[str, int] | None = None
-                ) -> tuple[list[tuple[Path, int]], list[str], dict[str, int]]:
+def find_videos(
+    root: str | Path, class_to_idx: dict[str, int] | None = None
+) -> tuple[list[tuple[Path, int]], list[str], dict[str, int]]:
     """``(path, class index)`` of every video under ``root/<class>/`` (sorted), the class names and
     their indices. The classes are :func:`ijepa.data.imagefolder.find_classes`': the sub-folders,
     or the training split's ``class_to_idx`` when given, so that every split numbers a class alike.
@@ -45,19 +48,29 @@ def find_videos(root: str | Path, class_to_idx: dict[str, int] | None = None
     root = Path(root)
     classes, class_to_idx = find_classes(root, class_to_idx) if root.is_dir() else ([], {})
     if class_to_idx:
-        samples = [(path, class_to_idx[name]) for name in classes
-                   for path in sorted((root / name).rglob("*")) if path.suffix.lower() in VIDEO_EXTENSIONS]
+        samples = [
+            (path, class_to_idx[name])
+            for name in classes
+            for path in sorted((root / name).rglob("*"))
+            if path.suffix.lower() in VIDEO_EXTENSIONS
+        ]
     else:  # no class folders: the videos directly in root
-        samples = [(path, UNLABELLED) for path in (sorted(root.iterdir()) if root.is_dir() else [])
-                   if path.is_file() and path.suffix.lower() in VIDEO_EXTENSIONS]
+        samples = [
+            (path, UNLABELLED)
+            for path in (sorted(root.iterdir()) if root.is_dir() else [])
+            if path.is_file() and path.suffix.lower() in VIDEO_EXTENSIONS
+        ]
     if not samples:
-        raise FileNotFoundError(f"no videos under data.root={str(root)!r}: expected video files ({', '.join(VIDEO_EXTENSIONS)}), "
-                                f"in one sub-folder per class or directly in the folder (unlabelled).")
+        raise FileNotFoundError(
+            f"no videos under data.root={str(root)!r}: expected video files ({', '.join(VIDEO_EXTENSIONS)}), "
+            f"in one sub-folder per class or directly in the folder (unlabelled)."
+        )
     return samples, classes, class_to_idx
 
 
-def decode_clip(path: str | Path, num_frames: int, fps: float | None = None, frame_stride: int = 1,
-                start: str = "random") -> tuple[Tensor, Tensor]:
+def decode_clip(
+    path: str | Path, num_frames: int, fps: float | None = None, frame_stride: int = 1, start: str = "random"
+) -> tuple[Tensor, Tensor]:
     """Decode one clip of ``path``: ``uint8 [T, 3, H, W]`` frames and their times ``[T]`` (seconds
     from the clip's first frame).
 
@@ -145,9 +158,18 @@ class VideoFolderClips(Dataset):
     a folder without class sub-folders), ``frame_times [T]`` seconds from the clip's first frame.
     """
 
-    def __init__(self, root: str | Path, num_frames: int, image_size: int, fps: float | None = None, frame_stride: int = 1,
-                 start: str = "random", crop_scale: tuple[float, float] | None = None, transform=None,
-                 class_to_idx: dict[str, int] | None = None):
+    def __init__(
+        self,
+        root: str | Path,
+        num_frames: int,
+        image_size: int,
+        fps: float | None = None,
+        frame_stride: int = 1,
+        start: str = "random",
+        crop_scale: tuple[float, float] | None = None,
+        transform=None,
+        class_to_idx: dict[str, int] | None = None,
+    ):
         if num_frames < 1:
             raise ValueError(f"num_frames must be >= 1, got {num_frames}.")
         if fps is not None and not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
@@ -159,7 +181,13 @@ class VideoFolderClips(Dataset):
         _import_av()
         self.samples, self.classes, self.class_to_idx = find_videos(root, class_to_idx)
         self.targets = [label for _, label in self.samples]
-        self.num_frames, self.image_size, self.fps, self.frame_stride, self.start = num_frames, image_size, fps, frame_stride, start
+        self.num_frames, self.image_size, self.fps, self.frame_stride, self.start = (
+            num_frames,
+            image_size,
+            fps,
+            frame_stride,
+            start,
+        )
         if crop_scale is None:
             self.spatial = v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
         else:
@@ -176,7 +204,9 @@ class VideoFolderClips(Dataset):
         except ImportError:
             raise
         except Exception as error:  # PyAV raises its own error types for unreadable files
-            raise ValueError(f"unreadable video {path} ({type(error).__name__}: {error}); remove it from data.root.") from error
+            raise ValueError(
+                f"unreadable video {path} ({type(error).__name__}: {error}); remove it from data.root."
+            ) from error
         # One tv_tensors.Video: v2 draws a crop once and applies it to every frame.
         from torchvision import tv_tensors
 

@@ -33,7 +33,11 @@ class BlockLayout:
 
 
 def block_layout_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, bias: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: BlockLayout,
+    bias: torch.Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Attention of ``q, k, v [B, H, Kc + M*Kt, hd]`` under ``layout``, without a mask: the context
@@ -45,7 +49,11 @@ def block_layout_attention(
     if bias is not None:
         bias = bias.expand(batch, heads, -1, -1)
     out_context = F.scaled_dot_product_attention(
-        q[:, :, :c], k[:, :, :c], v[:, :, :c], attn_mask=None if bias is None else bias[:, :, :c, :c], dropout_p=dropout_p
+        q[:, :, :c],
+        k[:, :, :c],
+        v[:, :, :c],
+        attn_mask=None if bias is None else bias[:, :, :c, :c],
+        dropout_p=dropout_p,
     )
 
     def blocks(x: torch.Tensor) -> torch.Tensor:  # [B, H, M*Kt, hd] part -> [B*M, H, Kt, hd]
@@ -81,7 +89,9 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(
-        self, x: torch.Tensor, positions: AttentionPositions | None = None,
+        self,
+        x: torch.Tensor,
+        positions: AttentionPositions | None = None,
         attn_mask: torch.Tensor | BlockLayout | None = None,
     ) -> torch.Tensor:
         """``x [B, K, D] -> [B, K, D]``. ``attn_mask``: optional boolean ``[K, K]`` (or broadcastable

@@ -39,9 +39,7 @@ def gather_patches(tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"tokens must have shape [B, N, D], got {tuple(tokens.shape)}.")
     check_indices(indices, tokens.size(1), "indices")
     if indices.size(0) != tokens.size(0):
-        raise ValueError(
-            f"batch mismatch: tokens have B={tokens.size(0)}, indices have B={indices.size(0)}."
-        )
+        raise ValueError(f"batch mismatch: tokens have B={tokens.size(0)}, indices have B={indices.size(0)}.")
     index = indices.long().unsqueeze(-1).expand(-1, -1, tokens.size(-1))
     return torch.gather(tokens, 1, index)
 

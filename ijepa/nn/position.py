@@ -93,7 +93,9 @@ class PositionEncoding(nn.Module):
         per-frequency) values, which weight decay would pull towards "no position" (ViT, timm)."""
         return {name for name, _ in self.named_parameters()}
 
-    def state_resizers(self, old_grid: tuple[int, int], mode: str = "bicubic", antialias: bool = False) -> dict[str, Resizer]:
+    def state_resizers(
+        self, old_grid: tuple[int, int], mode: str = "bicubic", antialias: bool = False
+    ) -> dict[str, Resizer]:
         """How to bring this module's saved tensors from ``old_grid`` to its own grid.
 
         Returns ``{state-dict key relative to this module: function old tensor -> new tensor}``
@@ -142,7 +144,9 @@ class Learned2DPositionEmbedding(AdditivePositionEmbedding):
         return self.embedding.weight
 
     def state_resizers(self, old_grid, mode="bicubic", antialias=False):
-        return {"embedding.weight": lambda t: interpolate_position_embedding(t, old_grid, self.grid, 0, mode, antialias)}
+        return {
+            "embedding.weight": lambda t: interpolate_position_embedding(t, old_grid, self.grid, 0, mode, antialias)
+        }
 
 
 def sinusoidal_1d_positions(positions: torch.Tensor, dim: int, temperature: float = 10_000.0) -> torch.Tensor:
@@ -214,7 +218,9 @@ def add_position_embedding(tokens: torch.Tensor, pos_embed: torch.Tensor, num_pr
     patches (``N - num_prefix_tokens`` rows, prefix tokens left unchanged).
     """
     if tokens.dim() != 3 or pos_embed.dim() != 3 or pos_embed.size(0) != 1:
-        raise ValueError(f"expected tokens [B, N, D] and pos_embed [1, N, D], got {tuple(tokens.shape)} and {tuple(pos_embed.shape)}.")
+        raise ValueError(
+            f"expected tokens [B, N, D] and pos_embed [1, N, D], got {tuple(tokens.shape)} and {tuple(pos_embed.shape)}."
+        )
     if pos_embed.size(-1) != tokens.size(-1):
         raise ValueError(f"pos_embed width {pos_embed.size(-1)} != token width {tokens.size(-1)}.")
     if pos_embed.size(1) == tokens.size(1):
@@ -338,9 +344,10 @@ class RotaryMixed2DPositionEmbedding(PositionEncoding):
         check_indices(indices, self.num_positions, "indices")
         rows, cols = self.row_col(indices.long())
         freqs = self.freqs.float()
-        return rows.float()[:, None, :, None] * freqs[0][None, :, None, :] + cols.float()[
-            :, None, :, None
-        ] * freqs[1][None, :, None, :]
+        return (
+            rows.float()[:, None, :, None] * freqs[0][None, :, None, :]
+            + cols.float()[:, None, :, None] * freqs[1][None, :, None, :]
+        )
 
     def attention_positions(self, indices: torch.Tensor) -> AttentionPositions:
         angles = self.angles(indices)
@@ -426,9 +433,7 @@ def build_position_embedding(
     """Build a position encoding by its config name (see ``POSITION_EMBEDDINGS``); rotary and bias
     types also take the attention's ``num_heads``."""
     if name not in POSITION_EMBEDDINGS:
-        raise ValueError(
-            f"unknown position embedding {name!r}; valid names: {', '.join(sorted(POSITION_EMBEDDINGS))}."
-        )
+        raise ValueError(f"unknown position embedding {name!r}; valid names: {', '.join(sorted(POSITION_EMBEDDINGS))}.")
     cls = POSITION_EMBEDDINGS[name]
     if getattr(cls, "needs_num_heads", False):
         options["num_heads"] = num_heads

@@ -67,8 +67,9 @@ class Predictor(nn.Module):
         if isinstance(grid_size, int):
             position = build_position_embedding(pos_embed, grid_size, grid_size, predictor_embed_dim, num_heads)
         else:  # a video grid (T', H', W')
-            position = build_video_position_embedding(pos_embed, tuple(grid_size), predictor_embed_dim, num_heads,
-                                                      **video_pos_options)
+            position = build_video_position_embedding(
+                pos_embed, tuple(grid_size), predictor_embed_dim, num_heads, **video_pos_options
+            )
         self.num_patches = position.num_positions
         self.transformer = Transformer(
             predictor_embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate
@@ -97,8 +98,12 @@ class Predictor(nn.Module):
         return {"mask_token"}
 
     def forward(
-        self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor,
-        frame_times: torch.Tensor | None = None, context_mask: torch.Tensor | None = None,
+        self,
+        context: torch.Tensor,
+        context_indices: torch.Tensor,
+        target_indices: torch.Tensor,
+        frame_times: torch.Tensor | None = None,
+        context_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if context.dim() != 3 or context.size(-1) != self.embed_dim:
             raise ValueError(f"context must have shape [B, Kc, {self.embed_dim}], got {tuple(context.shape)}.")
@@ -137,16 +142,26 @@ class Predictor(nn.Module):
             frame_times = frame_times.repeat_interleave(num_blocks, dim=0)  # one row per sequence
         token_mask = None
         if context_mask is not None:
-            token_mask = torch.cat([context_mask.repeat_interleave(num_blocks, dim=0),
-                                    context_mask.new_ones(batch * num_blocks, num_targets)], dim=1)
+            token_mask = torch.cat(
+                [
+                    context_mask.repeat_interleave(num_blocks, dim=0),
+                    context_mask.new_ones(batch * num_blocks, num_targets),
+                ],
+                dim=1,
+            )
         tokens = self.transformer(tokens, indices, frame_times=frame_times, token_mask=token_mask)
         prediction = self.output_proj(tokens[:, -num_targets:])  # [B*M, Kt, D]
         prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
         return prediction.squeeze(1) if single_block else prediction
 
     def _one_pass(
-        self, context: torch.Tensor, context_indices: torch.Tensor, target_indices: torch.Tensor, num_blocks: int,
-        frame_times: torch.Tensor | None = None, context_mask: torch.Tensor | None = None,
+        self,
+        context: torch.Tensor,
+        context_indices: torch.Tensor,
+        target_indices: torch.Tensor,
+        num_blocks: int,
+        frame_times: torch.Tensor | None = None,
+        context_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[B, Kc, D]``, ``[B, Kc]``, ``[B, M*Kt]`` -> predictions ``[B, M*Kt, D]``; with a
         ``context_mask`` the block structure becomes an explicit boolean mask (no mask-free path)."""
@@ -163,8 +178,9 @@ class Predictor(nn.Module):
         else:
             structure = block_attention_mask(num_context, num_blocks, num_targets, tokens.device)
             token_mask = torch.cat([context_mask, context_mask.new_ones(batch, target_indices.size(1))], dim=1)
-            tokens = self.transformer(tokens, indices, attn_mask=structure, frame_times=frame_times,
-                                      token_mask=token_mask)
+            tokens = self.transformer(
+                tokens, indices, attn_mask=structure, frame_times=frame_times, token_mask=token_mask
+            )
         return self.output_proj(tokens[:, num_context:])
 
 

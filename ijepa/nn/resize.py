@@ -97,15 +97,18 @@ def interpolate_position_embedding(
     return out.unsqueeze(0) if batched else out
 
 
-def interpolate_3d_table(table: torch.Tensor, old_grid: tuple[int, int, int], new_grid: tuple[int, int, int],
-                         mode: str = "bicubic") -> torch.Tensor:
+def interpolate_3d_table(
+    table: torch.Tensor, old_grid: tuple[int, int, int], new_grid: tuple[int, int, int], mode: str = "bicubic"
+) -> torch.Tensor:
     """A row-major ``[T H W, D]`` table resampled to ``[T' H' W', D]``: trilinear for
     ``bicubic``/``bilinear`` (PyTorch has no tricubic), ``nearest`` for ``nearest``. An unchanged
     grid returns the input exactly."""
     _check_mode(mode)
     old_grid, new_grid = _check_grid(old_grid, "old_grid", (3,)), _check_grid(new_grid, "new_grid", (3,))
     if table.size(0) != old_grid[0] * old_grid[1] * old_grid[2]:
-        raise ValueError(f"table has {table.size(0)} rows, but old_grid {old_grid} has {old_grid[0] * old_grid[1] * old_grid[2]}.")
+        raise ValueError(
+            f"table has {table.size(0)} rows, but old_grid {old_grid} has {old_grid[0] * old_grid[1] * old_grid[2]}."
+        )
     if old_grid == new_grid:
         return table
     grid = table.float().T.reshape(1, table.size(1), *old_grid)
@@ -114,7 +117,9 @@ def interpolate_3d_table(table: torch.Tensor, old_grid: tuple[int, int, int], ne
     return out.reshape(table.size(1), -1).T.contiguous().to(table.dtype)
 
 
-def interpolate_axis_table(table: torch.Tensor, new_length: int, mode: str = "bicubic", antialias: bool = False) -> torch.Tensor:
+def interpolate_axis_table(
+    table: torch.Tensor, new_length: int, mode: str = "bicubic", antialias: bool = False
+) -> torch.Tensor:
     """Resize a per-axis table ``[L, D] -> [new_length, D]`` (one axis of ``learned_2d``)."""
     if table.dim() != 2:
         raise ValueError(f"table must be [L, D], got {tuple(table.shape)}.")
@@ -144,7 +149,9 @@ def resize_patch(patches: torch.Tensor, new_patch_size: int) -> torch.Tensor:
     """The resize FlexiViT's kernel resize inverts: bilinear, no antialias, ``[..., p, p] -> [..., p', p']``."""
     shape = patches.shape
     flat = patches.reshape(-1, 1, shape[-2], shape[-1]).float()
-    out = F.interpolate(flat, size=(new_patch_size, new_patch_size), mode="bilinear", align_corners=False, antialias=False)
+    out = F.interpolate(
+        flat, size=(new_patch_size, new_patch_size), mode="bilinear", align_corners=False, antialias=False
+    )
     return out.reshape(*shape[:-2], new_patch_size, new_patch_size).to(patches.dtype)
 
 

@@ -30,11 +30,23 @@ class TubeletEmbed(nn.Module):
     """``[B, C, T, H, W] -> [B, T' H' W', D]`` with one ``tubelet_size x patch_size x patch_size``
     Conv3d (V-JEPA), tokens row-major over ``(t, r, c)``."""
 
-    def __init__(self, num_frames: int, image_size: int, tubelet_size: int = 2, patch_size: int = 8,
-                 in_channels: int = 3, embed_dim: int = 192):
+    def __init__(
+        self,
+        num_frames: int,
+        image_size: int,
+        tubelet_size: int = 2,
+        patch_size: int = 8,
+        in_channels: int = 3,
+        embed_dim: int = 192,
+    ):
         super().__init__()
-        for value, name in ((num_frames, "num_frames"), (image_size, "image_size"), (tubelet_size, "tubelet_size"),
-                            (patch_size, "patch_size"), (embed_dim, "embed_dim")):
+        for value, name in (
+            (num_frames, "num_frames"),
+            (image_size, "image_size"),
+            (tubelet_size, "tubelet_size"),
+            (patch_size, "patch_size"),
+            (embed_dim, "embed_dim"),
+        ):
             check_positive(value, name)
         if num_frames % tubelet_size:
             raise ValueError(f"num_frames={num_frames} must be a multiple of tubelet_size={tubelet_size}.")
@@ -42,8 +54,12 @@ class TubeletEmbed(nn.Module):
             raise ValueError(f"image_size={image_size} must be a multiple of patch_size={patch_size}.")
         self.grid = (num_frames // tubelet_size, image_size // patch_size, image_size // patch_size)
         self.num_patches = self.grid[0] * self.grid[1] * self.grid[2]
-        self.proj = nn.Conv3d(in_channels, embed_dim, (tubelet_size, patch_size, patch_size),
-                              stride=(tubelet_size, patch_size, patch_size))
+        self.proj = nn.Conv3d(
+            in_channels,
+            embed_dim,
+            (tubelet_size, patch_size, patch_size),
+            stride=(tubelet_size, patch_size, patch_size),
+        )
 
     def forward(self, clips: torch.Tensor) -> torch.Tensor:
         if clips.dim() != 5:
@@ -59,8 +75,10 @@ def tubelet_times(frame_times: torch.Tensor, tubelet_size: int) -> torch.Tensor:
     the time of each tubelet's first frame. Only differences reach M-RoPE, so the choice of the
     first frame (rather than the middle) shifts every token equally and changes nothing."""
     if frame_times.dim() != 2 or frame_times.size(1) % tubelet_size:
-        raise ValueError(f"frame_times must be [B, T] with T a multiple of tubelet_size={tubelet_size}, "
-                         f"got {tuple(frame_times.shape)}.")
+        raise ValueError(
+            f"frame_times must be [B, T] with T a multiple of tubelet_size={tubelet_size}, "
+            f"got {tuple(frame_times.shape)}."
+        )
     return frame_times[:, ::tubelet_size]
 
 
@@ -83,27 +101,36 @@ class VideoPositionEncoding(PositionEncoding):
         return self.grid_time, self.grid_height, self.grid_width
 
 
-def sincos_3d_table(grid_time: int, grid_height: int, grid_width: int, embed_dim: int,
-                    temperature: float = 10_000.0) -> torch.Tensor:
+def sincos_3d_table(
+    grid_time: int, grid_height: int, grid_width: int, embed_dim: int, temperature: float = 10_000.0
+) -> torch.Tensor:
     """V-JEPA's fixed 3D sin-cos table ``[T H W, D]``, row-major over ``(t, r, c)``: channels
     ``[time (D/2) | row (D/4) | col (D/4)]``, each a 1D sin-cos code (:func:`sinusoidal_1d_positions`)."""
     if embed_dim % 8:
         raise ValueError(f"embed_dim must be divisible by 8 for 3D sin-cos, got {embed_dim}.")
-    t, r, c = torch.meshgrid(torch.arange(grid_time), torch.arange(grid_height), torch.arange(grid_width), indexing="ij")
-    return torch.cat([
-        sinusoidal_1d_positions(t.flatten(), embed_dim // 2, temperature),
-        sinusoidal_1d_positions(r.flatten(), embed_dim // 4, temperature),
-        sinusoidal_1d_positions(c.flatten(), embed_dim // 4, temperature),
-    ], dim=1)
+    t, r, c = torch.meshgrid(
+        torch.arange(grid_time), torch.arange(grid_height), torch.arange(grid_width), indexing="ij"
+    )
+    return torch.cat(
+        [
+            sinusoidal_1d_positions(t.flatten(), embed_dim // 2, temperature),
+            sinusoidal_1d_positions(r.flatten(), embed_dim // 4, temperature),
+            sinusoidal_1d_positions(c.flatten(), embed_dim // 4, temperature),
+        ],
+        dim=1,
+    )
 
 
 class FixedSinCos3DPositionEmbedding(VideoPositionEncoding, AdditivePositionEmbedding):
     """``sincos_3d``: the fixed V-JEPA table, a float32 buffer not saved in checkpoints."""
 
-    def __init__(self, grid_time: int, grid_height: int, grid_width: int, embed_dim: int, temperature: float = 10_000.0):
+    def __init__(
+        self, grid_time: int, grid_height: int, grid_width: int, embed_dim: int, temperature: float = 10_000.0
+    ):
         super().__init__(grid_time, grid_height, grid_width, embed_dim)
-        self.register_buffer("pos_embed", sincos_3d_table(grid_time, grid_height, grid_width, embed_dim, temperature),
-                             persistent=False)
+        self.register_buffer(
+            "pos_embed", sincos_3d_table(grid_time, grid_height, grid_width, embed_dim, temperature), persistent=False
+        )
 
     def table(self) -> torch.Tensor:
         return self.pos_embed
@@ -150,8 +177,17 @@ class MultimodalRotaryPositionEmbedding(VideoPositionEncoding):
     needs_num_heads = True
     takes_frame_times = True
 
-    def __init__(self, grid_time: int, grid_height: int, grid_width: int, embed_dim: int, num_heads: int = 1,
-                 sections: tuple[int, int, int] | None = None, base: float = 10_000.0, time_unit: float = 1.0):
+    def __init__(
+        self,
+        grid_time: int,
+        grid_height: int,
+        grid_width: int,
+        embed_dim: int,
+        num_heads: int = 1,
+        sections: tuple[int, int, int] | None = None,
+        base: float = 10_000.0,
+        time_unit: float = 1.0,
+    ):
         super().__init__(grid_time, grid_height, grid_width, embed_dim)
         check_positive(num_heads, "num_heads")
         if embed_dim % num_heads or (embed_dim // num_heads) % 2:
@@ -159,7 +195,9 @@ class MultimodalRotaryPositionEmbedding(VideoPositionEncoding):
         pairs = embed_dim // num_heads // 2
         sections = tuple(sections) if sections is not None else mrope_sections(pairs)
         if len(sections) != 3 or min(sections) < 0 or sum(sections) != pairs:
-            raise ValueError(f"sections must be 3 non-negative pair counts summing to head_dim / 2 = {pairs}, got {sections}.")
+            raise ValueError(
+                f"sections must be 3 non-negative pair counts summing to head_dim / 2 = {pairs}, got {sections}."
+            )
         if time_unit <= 0:
             raise ValueError(f"time_unit must be > 0 (seconds per temporal position), got {time_unit}.")
         self.sections = sections
@@ -175,8 +213,14 @@ class MultimodalRotaryPositionEmbedding(VideoPositionEncoding):
         t, r, c = self.time_row_col(indices.long())
         time = t.float()
         if frame_times is not None:
-            if frame_times.dim() != 2 or frame_times.size(1) != self.grid_time or frame_times.size(0) != indices.size(0):
-                raise ValueError(f"frame_times must be [B, {self.grid_time}] with B={indices.size(0)}, got {tuple(frame_times.shape)}.")
+            if (
+                frame_times.dim() != 2
+                or frame_times.size(1) != self.grid_time
+                or frame_times.size(0) != indices.size(0)
+            ):
+                raise ValueError(
+                    f"frame_times must be [B, {self.grid_time}] with B={indices.size(0)}, got {tuple(frame_times.shape)}."
+                )
             time = torch.gather(frame_times.float(), 1, t) / self.time_unit
         return torch.stack([time, r.float(), c.float()], dim=-1)
 
@@ -201,8 +245,9 @@ VIDEO_POSITION_EMBEDDINGS: dict[str, type[VideoPositionEncoding]] = {
 }
 
 
-def build_video_position_embedding(name: str, grid: tuple[int, int, int], embed_dim: int, num_heads: int = 1,
-                                   **options) -> VideoPositionEncoding:
+def build_video_position_embedding(
+    name: str, grid: tuple[int, int, int], embed_dim: int, num_heads: int = 1, **options
+) -> VideoPositionEncoding:
     """A video position encoding by name (``sincos_3d``, ``learned_3d``, ``mrope``) for a
     ``(T', H', W')`` grid; ``options`` go to its constructor (e.g. ``sections``, ``time_unit``)."""
     if name not in VIDEO_POSITION_EMBEDDINGS:
@@ -222,10 +267,22 @@ class VideoVisionTransformer(nn.Module):
     The blocks are the image encoder's :class:`ijepa.nn.vit.Transformer`, unchanged.
     """
 
-    def __init__(self, num_frames: int = 16, image_size: int = 64, tubelet_size: int = 2, patch_size: int = 8,
-                 in_channels: int = 3, embed_dim: int = 192, depth: int = 12, num_heads: int = 3,
-                 mlp_ratio: float = 4.0, drop_path_rate: float = 0.0, pos_embed: str = "sincos_3d",
-                 rescale_residuals: bool = True, **pos_options):
+    def __init__(
+        self,
+        num_frames: int = 16,
+        image_size: int = 64,
+        tubelet_size: int = 2,
+        patch_size: int = 8,
+        in_channels: int = 3,
+        embed_dim: int = 192,
+        depth: int = 12,
+        num_heads: int = 3,
+        mlp_ratio: float = 4.0,
+        drop_path_rate: float = 0.0,
+        pos_embed: str = "sincos_3d",
+        rescale_residuals: bool = True,
+        **pos_options,
+    ):
         super().__init__()
         self.patch_embed = TubeletEmbed(num_frames, image_size, tubelet_size, patch_size, in_channels, embed_dim)
         self.grid = self.patch_embed.grid
@@ -243,13 +300,20 @@ class VideoVisionTransformer(nn.Module):
     def position(self) -> VideoPositionEncoding:
         return self.transformer.position
 
-    def pooled_features(self, clips: torch.Tensor, last_blocks: int = 1, frame_times: torch.Tensor | None = None) -> torch.Tensor:
+    def pooled_features(
+        self, clips: torch.Tensor, last_blocks: int = 1, frame_times: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Mean over all tokens of the last ``last_blocks`` blocks' normed outputs, concatenated:
         ``[B, C, T, H, W] -> [B, last_blocks * D]`` (as :meth:`VisionTransformer.pooled_features`)."""
         return pooled_block_features(self, clips, last_blocks, frame_times)
 
-    def forward(self, clips: torch.Tensor, patch_indices: torch.Tensor | None = None,
-                frame_times: torch.Tensor | None = None, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        clips: torch.Tensor,
+        patch_indices: torch.Tensor | None = None,
+        frame_times: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         tokens = self.patch_embed(clips)  # [B, N, D]
         if patch_indices is None:
             patch_indices = torch.arange(self.num_patches, device=clips.device).expand(clips.size(0), -1)

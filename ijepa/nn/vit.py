@@ -52,9 +52,7 @@ class Block(nn.Module):
         self.mlp = MLP(dim, int(dim * mlp_ratio))
         self.drop_path = DropPath(drop_path)
 
-    def forward(
-        self, x: torch.Tensor, positions: AttentionPositions | None = None, attn_mask=None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: AttentionPositions | None = None, attn_mask=None) -> torch.Tensor:
         x = x + self.drop_path(self.attn(self.norm1(x), positions, attn_mask))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
@@ -88,13 +86,25 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, num_heads, mlp_ratio, qkv_bias, rate) for rate in rates)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
 
-    def forward(self, tokens: torch.Tensor, indices: torch.Tensor, attn_mask=None,
-                frame_times: torch.Tensor | None = None, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        indices: torch.Tensor,
+        attn_mask=None,
+        frame_times: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return self.last_block_outputs(tokens, indices, 1, attn_mask, frame_times, token_mask)[0]
 
-    def last_block_outputs(self, tokens: torch.Tensor, indices: torch.Tensor, count: int, attn_mask=None,
-                           frame_times: torch.Tensor | None = None,
-                           token_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def last_block_outputs(
+        self,
+        tokens: torch.Tensor,
+        indices: torch.Tensor,
+        count: int,
+        attn_mask=None,
+        frame_times: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
         """The outputs of the last ``count`` blocks, each through the final norm: ``count`` x
         ``[B, K, D]``, the last being ``forward``'s. ``frame_times [B, T']`` reach encodings that
         take them (M-RoPE) and are ignored by the others."""
@@ -105,7 +115,9 @@ class Transformer(nn.Module):
         keep = None
         if token_mask is not None:
             if token_mask.shape != tokens.shape[:2]:
-                raise ValueError(f"token_mask must have shape [B, K] = {tuple(tokens.shape[:2])}, got {tuple(token_mask.shape)}.")
+                raise ValueError(
+                    f"token_mask must have shape [B, K] = {tuple(tokens.shape[:2])}, got {tuple(token_mask.shape)}."
+                )
             if isinstance(attn_mask, BlockLayout):
                 raise ValueError("token_mask cannot be combined with a BlockLayout; pass the boolean mask instead.")
             keys = token_mask[:, None, None, :]  # [B, 1, 1, K]: no query attends to padding
@@ -190,8 +202,9 @@ class VisionTransformer(nn.Module):
         """Every patch index, ``[batch_size, N]``."""
         return torch.arange(self.num_patches, device=device).expand(batch_size, -1)
 
-    def forward(self, images: torch.Tensor, patch_indices: torch.Tensor | None = None,
-                token_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, images: torch.Tensor, patch_indices: torch.Tensor | None = None, token_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         tokens = self.patch_embed(images)  # [B, N, D]
         if patch_indices is None:
             patch_indices = self.all_indices(images.size(0), images.device)
@@ -211,8 +224,9 @@ class VisionTransformer(nn.Module):
         return pooled_block_features(self, images, last_blocks)
 
 
-def block_token_outputs(encoder: nn.Module, inputs: torch.Tensor, last_blocks: int = 1,
-                        frame_times: torch.Tensor | None = None) -> list[torch.Tensor]:
+def block_token_outputs(
+    encoder: nn.Module, inputs: torch.Tensor, last_blocks: int = 1, frame_times: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     """For an image or clip encoder (``patch_embed``, ``position``, ``transformer``) on all its
     tokens: the last ``last_blocks`` blocks' normed outputs, ``last_blocks`` x ``[B, N, D]``
     (oldest block first)."""
@@ -221,8 +235,9 @@ def block_token_outputs(encoder: nn.Module, inputs: torch.Tensor, last_blocks: i
     return encoder.transformer.last_block_outputs(tokens, indices, last_blocks, frame_times=frame_times)
 
 
-def pooled_block_features(encoder: nn.Module, inputs: torch.Tensor, last_blocks: int = 1,
-                          frame_times: torch.Tensor | None = None) -> torch.Tensor:
+def pooled_block_features(
+    encoder: nn.Module, inputs: torch.Tensor, last_blocks: int = 1, frame_times: torch.Tensor | None = None
+) -> torch.Tensor:
     """:func:`block_token_outputs`, each mean-pooled over the tokens, concatenated:
     ``[B, last_blocks * D]``."""
     outputs = block_token_outputs(encoder, inputs, last_blocks, frame_times)

@@ -50,7 +50,14 @@ def reference() -> str:
             sections[prefix].append(f"| `{dest}` | `int` | {note} | set once, on the other side of the link |")
     out = [HEADER]
     for prefix, title in (("model", "Model (`IJEPA`)"), ("data", "Data (`IJEPADataModule`)")):
-        out += [f"## {title}", "", "| option | type | default | description |", "|---|---|---|---|", *sorted(sections[prefix]), ""]
+        out += [
+            f"## {title}",
+            "",
+            "| option | type | default | description |",
+            "|---|---|---|---|",
+            *sorted(sections[prefix]),
+            "",
+        ]
     return "\n".join(out)
 
 

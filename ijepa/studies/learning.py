@@ -42,12 +42,25 @@ VARIANTS: dict[str, list[str]] = {
     "+sigreg_pooled": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=pooled"],
     "+sigreg_both": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=both"],
     "+target_avg4": [f"--config={PLAIN}", "--model.target_last_blocks=4"],
-    "+sigreg_proj": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=tokens",
-                     "--model.sigreg_projector=[512,128]"],
-    "+sigreg_half_proj": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=tokens",
-                          "--model.sigreg_projector=[512,128]", "--model.sigreg_projector_share=0.5"],
-    "+sigreg_multimask": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=tokens",
-                          "--data.masks_per_image=2"],
+    "+sigreg_proj": [
+        f"--config={PLAIN}",
+        "--model.sigreg_weight=0.05",
+        "--model.sigreg_input=tokens",
+        "--model.sigreg_projector=[512,128]",
+    ],
+    "+sigreg_half_proj": [
+        f"--config={PLAIN}",
+        "--model.sigreg_weight=0.05",
+        "--model.sigreg_input=tokens",
+        "--model.sigreg_projector=[512,128]",
+        "--model.sigreg_projector_share=0.5",
+    ],
+    "+sigreg_multimask": [
+        f"--config={PLAIN}",
+        "--model.sigreg_weight=0.05",
+        "--model.sigreg_input=tokens",
+        "--data.masks_per_image=2",
+    ],
 }
 
 DATA: dict[str, list[str]] = {
@@ -85,8 +98,16 @@ def write_digits_folder(root: Path, size: int = 32) -> Path:
 def run_command(variant: str, seed: int, root: Path, data: str, config: str, digits: Path | None) -> list[str]:
     """The ``ijepa fit`` command line of one run."""
     data_args = [arg.format(digits=digits) for arg in DATA[data]]
-    return ["ijepa", "fit", f"--config={config}", *VARIANTS[variant], *data_args, f"--seed_everything={seed}",
-            f"--trainer.default_root_dir={root / f'{variant}_s{seed}'}", "--trainer.enable_progress_bar=false"]
+    return [
+        "ijepa",
+        "fit",
+        f"--config={config}",
+        *VARIANTS[variant],
+        *data_args,
+        f"--seed_everything={seed}",
+        f"--trainer.default_root_dir={root / f'{variant}_s{seed}'}",
+        "--trainer.enable_progress_bar=false",
+    ]
 
 
 def scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -130,22 +151,31 @@ def table(root: Path) -> str:
     """The markdown table of every complete variant under ``root``."""
     rows = {variant: [s for d in sorted(root.glob(f"{variant}_s*")) if (s := run_summary(d))] for variant in VARIANTS}
     attentive = any("attentive_top1_0" in r for runs in rows.values() for r in runs)
-    lines = ["| variant | seeds | k-NN % step 0 / mid / end | k-NN gain (min) | linear % step 0 / mid / end | "
-             "linear gain (min) | " + ("attentive % step 0 / end | " if attentive else "") + "`val/rankme` end | "
-             "wall s (median) |", "|---|---|---|---|---|---|---|---|" + ("---|" if attentive else "")]
+    lines = [
+        "| variant | seeds | k-NN % step 0 / mid / end | k-NN gain (min) | linear % step 0 / mid / end | "
+        "linear gain (min) | " + ("attentive % step 0 / end | " if attentive else "") + "`val/rankme` end | "
+        "wall s (median) |",
+        "|---|---|---|---|---|---|---|---|" + ("---|" if attentive else ""),
+    ]
     for variant, runs in rows.items():
         if not runs:
             continue
+
         def col(key, runs=runs):
             return [r.get(key, float("nan")) for r in runs]
+
         knn = " / ".join(f"{100 * statistics.mean(col(f'knn_top1_{w}')):.1f}" for w in ("0", "mid", "end"))
         lin = " / ".join(f"{100 * statistics.mean(col(f'linear_top1_{w}')):.1f}" for w in ("0", "mid", "end"))
         lines.append(
             f"| {variant} | {len(runs)} | {knn} | {cell(col('knn_top1_gain'))} ({100 * min(col('knn_top1_gain')):.1f}) | "
             f"{lin} | {cell(col('linear_top1_gain'))} ({100 * min(col('linear_top1_gain')):.1f}) | "
-            + (f"{100 * statistics.mean(col('attentive_top1_0')):.1f} / {100 * statistics.mean(col('attentive_top1_end')):.1f} | "
-               if attentive else "")
-            + f"{cell(col('rankme_end'), 1.0)} | {statistics.median(col('wall_s')):.0f} |")
+            + (
+                f"{100 * statistics.mean(col('attentive_top1_0')):.1f} / {100 * statistics.mean(col('attentive_top1_end')):.1f} | "
+                if attentive
+                else ""
+            )
+            + f"{cell(col('rankme_end'), 1.0)} | {statistics.median(col('wall_s')):.0f} |"
+        )
     return "\n".join(lines)
 
 

@@ -59,9 +59,13 @@ def context_sizes(grid: int, batches: int, batch_size: int, seed: int = 0) -> di
         thinned.append(sizes.min().expand_as(sizes))
         small += int(sizes.min() <= 17)
     available, thinned = torch.cat(available), torch.cat(thinned)
-    return {"pad_mean": float(available.mean()), "thin_mean": float(thinned.mean()),
-            "discarded": float(1 - thinned.sum() / available.sum()),
-            "batches_min_le_17": small / batches, "num_patches": grid * grid}
+    return {
+        "pad_mean": float(available.mean()),
+        "thin_mean": float(thinned.mean()),
+        "discarded": float(1 - thinned.sum() / available.sum()),
+        "batches_min_le_17": small / batches,
+        "num_patches": grid * grid,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,18 +75,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--blocks", type=int, default=4)
     args = parser.parse_args(argv)
-    maps = {p: row_coverage(p, args.grid, args.batches, args.batch_size, args.blocks) for p in ("ours", "official", "clamped")}
-    print(f"Share of images whose {args.blocks} target blocks cover a cell, by row (mean over columns), "
-          f"{args.grid}x{args.grid} grid, {args.batches} batches of {args.batch_size}:\n")
+    maps = {
+        p: row_coverage(p, args.grid, args.batches, args.batch_size, args.blocks)
+        for p in ("ours", "official", "clamped")
+    }
+    print(
+        f"Share of images whose {args.blocks} target blocks cover a cell, by row (mean over columns), "
+        f"{args.grid}x{args.grid} grid, {args.batches} batches of {args.batch_size}:\n"
+    )
     print("| row | " + " | ".join(str(r) for r in range(args.grid)) + " |")
     print("|---|" + "---|" * args.grid)
     for policy, coverage in maps.items():
         print(f"| {policy} | " + " | ".join(f"{v:.2f}" for v in coverage.mean(1).tolist()) + " |")
     print()
     sizes = context_sizes(args.grid, args.batches // 4, args.batch_size)
-    print(f"Context per image ({sizes['num_patches']} patches): pad keeps {sizes['pad_mean']:.1f} on average, "
-          f"thin {sizes['thin_mean']:.1f} ({100 * sizes['discarded']:.0f}% discarded); batches whose shortest "
-          f"context is <= 17 patches: {100 * sizes['batches_min_le_17']:.0f}%.")
+    print(
+        f"Context per image ({sizes['num_patches']} patches): pad keeps {sizes['pad_mean']:.1f} on average, "
+        f"thin {sizes['thin_mean']:.1f} ({100 * sizes['discarded']:.0f}% discarded); batches whose shortest "
+        f"context is <= 17 patches: {100 * sizes['batches_min_le_17']:.0f}%."
+    )
 
 
 if __name__ == "__main__":

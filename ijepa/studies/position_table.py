@@ -31,8 +31,13 @@ def run_summary(log_dir: Path) -> dict[str, float]:
     events.Reload()
     losses = [e.value for e in events.Scalars("train/loss")]
     knn = events.Scalars("val/knn_top1")
-    return {"loss": statistics.mean(losses[-5:]), "knn_start": knn[0].value, "knn_end": knn[-1].value,
-            "gain": knn[-1].value - knn[0].value, "steps": knn[-1].step + 1}
+    return {
+        "loss": statistics.mean(losses[-5:]),
+        "knn_start": knn[0].value,
+        "knn_end": knn[-1].value,
+        "gain": knn[-1].value - knn[0].value,
+        "steps": knn[-1].step + 1,
+    }
 
 
 def cell(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
@@ -57,13 +62,17 @@ def main(argv: list[str] | None = None) -> dict:
         rows[name] = [r for r in rows[name] if r["steps"] == final_step]
         if not rows[name]:
             del rows[name]
-    print("| encoder `pos_embed` | seeds | final `train/loss` | `val/knn_top1` step 0 (%) | final (%) | gain (points) |")
+    print(
+        "| encoder `pos_embed` | seeds | final `train/loss` | `val/knn_top1` step 0 (%) | final (%) | gain (points) |"
+    )
     print("|---|---|---|---|---|---|")
     for name in [t for t in TYPES if t in rows]:
         runs = rows[name]
-        print(f"| `{name}` | {len(runs)} | {cell([r['loss'] for r in runs], digits=4)} | "
-              f"{cell([r['knn_start'] for r in runs], 100)} | {cell([r['knn_end'] for r in runs], 100)} | "
-              f"{cell([r['gain'] for r in runs], 100)} |")
+        print(
+            f"| `{name}` | {len(runs)} | {cell([r['loss'] for r in runs], digits=4)} | "
+            f"{cell([r['knn_start'] for r in runs], 100)} | {cell([r['knn_end'] for r in runs], 100)} | "
+            f"{cell([r['gain'] for r in runs], 100)} |"
+        )
     return dict(rows)
 
 

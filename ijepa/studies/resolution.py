@@ -54,8 +54,11 @@ def load_at(checkpoint: dict, image_size: int) -> IJEPA:
     (what ``IJEPA.load_from_checkpoint(path, image_size=...)`` does)."""
     hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if not k.startswith("_")}
     model = IJEPA(**{**hparams, "image_size": image_size})
-    weights = {"state_dict": dict(checkpoint["state_dict"]), "hyper_parameters": hparams,
-               "resolution": checkpoint.get("resolution")}
+    weights = {
+        "state_dict": dict(checkpoint["state_dict"]),
+        "hyper_parameters": hparams,
+        "resolution": checkpoint.get("resolution"),
+    }
     model.on_load_checkpoint(weights)
     model.load_state_dict(weights["state_dict"])
     return model.eval()
@@ -81,13 +84,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--image-sizes", nargs="+", type=int, required=True, help="sizes to evaluate at")
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--temperature", type=float, default=0.07)
-    parser.add_argument("--patch-sizes", nargs="*", type=int, default=[], help="also report the token error of "
-                        "FlexiViT kernel resizes to these patch sizes (first checkpoint, training-size images)")
+    parser.add_argument(
+        "--patch-sizes",
+        nargs="*",
+        type=int,
+        default=[],
+        help="also report the token error of "
+        "FlexiViT kernel resizes to these patch sizes (first checkpoint, training-size images)",
+    )
     parser.add_argument("--output", default="resolution_transfer.json")
     args = parser.parse_args(argv)
 
     saved = {path: torch.load(path, map_location="cpu", weights_only=True) for path in args.checkpoints}
-    data_hparams = {k: v for k, v in next(iter(saved.values()))["datamodule_hyper_parameters"].items() if not k.startswith("_")}
+    data_hparams = {
+        k: v for k, v in next(iter(saved.values()))["datamodule_hyper_parameters"].items() if not k.startswith("_")
+    }
     train_size = data_hparams["image_size"]
     results: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for image_size in args.image_sizes:
@@ -111,8 +122,11 @@ def main(argv: list[str] | None = None) -> dict:
         model = load_at(saved[args.checkpoints[0]], train_size)
         for patch_size in args.patch_sizes:
             patch_errors[patch_size] = patch_resize_error(model, images, patch_size)
-            print(f"patch kernel {data_hparams['patch_size']} -> {patch_size}: relative token error "
-                  f"{patch_errors[patch_size]:.2e}", flush=True)
+            print(
+                f"patch kernel {data_hparams['patch_size']} -> {patch_size}: relative token error "
+                f"{patch_errors[patch_size]:.2e}",
+                flush=True,
+            )
 
     header = "| encoder `pos_embed` | " + " | ".join(f"{s} px ({s / train_size:.2g}x)" for s in args.image_sizes) + " |"
     print("\n" + header + "\n|---|" + "---|" * len(args.image_sizes))
