@@ -1,5 +1,19 @@
+"""Shared by every test: the seed and thread count, the tiny model and config, the ``slow`` marker.
+
+Tests are laid out like the package (``tests/nn`` for ``ijepa/nn``, ``tests/data`` for
+``ijepa/data``, ``tests/callbacks`` for ``ijepa/callbacks``); the rest of ``ijepa/`` is tested at
+the top level. ``pytest -m "not slow"`` skips the end-to-end runs (whole ``ijepa fit`` runs, DDP
+processes, notebooks) for a quick loop; CI runs everything.
+"""
+
+from pathlib import Path
+
 import pytest
 import torch
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent  # the repository: configs/, docs/, ijepa/
+TINY_CONFIG = TESTS / "tiny.yaml"  # a seconds-long ijepa fit config
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,9 @@
 """The benchmark script runs and its baseline computes the same loss as the model."""
 
 import json
-from pathlib import Path
 
 import torch
-from conftest import TINY_MODEL
+from conftest import TINY_CONFIG, TINY_MODEL
 
 from ijepa.benchmark import main
 from ijepa.benchmark.baseline import SeedIJEPA, python_masks
@@ -16,7 +15,7 @@ def test_benchmark_prints_a_table_and_one_json_line(capsys):
     result = main(
         [
             "--config",
-            str(Path(__file__).with_name("tiny.yaml")),
+            str(TINY_CONFIG),
             "--steps",
             "2",
             "--warmup",
@@ -82,7 +81,7 @@ def test_index_checks_are_off_in_the_step_unless_debugging():
 def test_gpu_suite_runs_its_models_on_any_device(monkeypatch, capsys):
     from ijepa.benchmark import gpu
 
-    tiny = str(Path(__file__).with_name("tiny.yaml"))
+    tiny = str(TINY_CONFIG)
     monkeypatch.setattr(gpu, "SUITE", {"tiny": (tiny, ["--data.batch_size=8"])})
     results = gpu.main(
         ["--device", "cpu", "--precision", "32-true", "--steps", "1", "--warmup", "1", "--peak-tflops", "1"]
@@ -104,7 +103,7 @@ def test_compile_switch_compiles_in_place_and_keeps_checkpoint_keys():
 def test_fit_loop_splits_step_and_data_wait(capsys):
     from ijepa.benchmark import fit_loop
 
-    result = fit_loop.main(["--config", str(Path(__file__).with_name("tiny.yaml")), "--steps", "6", "--warmup", "2"])
+    result = fit_loop.main(["--config", str(TINY_CONFIG), "--steps", "6", "--warmup", "2"])
     assert result["steps_timed"] == 4 and result["step_ms"] > 0 and result["data_wait_ms"] >= 0
     assert 0 <= result["data_wait_fraction"] < 1 and result["images_per_s"] > 0
     assert "FITLOOP " in capsys.readouterr().out
@@ -114,7 +113,7 @@ def test_benchmark_times_the_one_pass_predictor_separately(capsys):
     result = main(
         [
             "--config",
-            str(Path(__file__).with_name("tiny.yaml")),
+            str(TINY_CONFIG),
             "--steps",
             "1",
             "--warmup",

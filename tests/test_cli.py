@@ -3,13 +3,15 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_CONFIG
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-CONFIG = Path(__file__).with_name("tiny.yaml")
+pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
+
+CONFIG = TINY_CONFIG
 
 
 def run_cli(*args, cwd):

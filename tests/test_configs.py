@@ -1,14 +1,13 @@
 """Every shipped config parses and builds its model and data module (no training, no data)."""
 
-from pathlib import Path
-
 import pytest
+from conftest import ROOT
 
 from ijepa.cli import IJEPACLI
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.module import IJEPA
 
-CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
@@ -45,7 +44,7 @@ def test_there_are_the_documented_configs():
     assert {"quickstart", "stl10_vit_tiny", "stl10_vit_small"} <= {c.stem for c in CONFIGS}
 
 
-ABLATIONS = sorted((Path(__file__).parents[1] / "configs" / "ablations").glob("pos_*.yaml"))
+ABLATIONS = sorted((ROOT / "configs" / "ablations").glob("pos_*.yaml"))
 
 
 def test_there_is_an_ablation_for_every_position_type():
@@ -56,7 +55,7 @@ def test_there_is_an_ablation_for_every_position_type():
 
 @pytest.mark.parametrize("overlay", ABLATIONS, ids=[c.stem for c in ABLATIONS])
 def test_ablation_overlays_build_on_the_quickstart(overlay, tmp_path):
-    quickstart = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
+    quickstart = ROOT / "configs" / "quickstart.yaml"
     cli = IJEPACLI(
         IJEPA,
         IJEPADataModule,
@@ -72,7 +71,7 @@ def test_ablation_overlays_build_on_the_quickstart(overlay, tmp_path):
 
 
 def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path):
-    root = Path(__file__).parents[1] / "configs"
+    root = ROOT / "configs"
     args = ["--config", str(root / "quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"]
     recipe = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
     plain = IJEPACLI(

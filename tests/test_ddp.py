@@ -4,17 +4,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from conftest import TESTS
 
 from ijepa.callbacks import KNNProbe
 from ijepa.data import IJEPADataModule
 from ijepa.module import IJEPA
 
-TESTS = Path(__file__).parent
+pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
+
 DATA = ["--data.shapes_train_size=192", "--data.shapes_val_size=64", "--data.batch_size=32"]
 
 

@@ -3,7 +3,7 @@
 import lightning as L
 import pytest
 import torch
-from conftest import TINY_MODEL
+from conftest import TINY_CONFIG, TINY_MODEL
 from lightning.pytorch.callbacks import ModelCheckpoint
 from test_module import random_loader
 
@@ -77,7 +77,6 @@ def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(tmp_
 
 
 def test_truncated_or_missing_checkpoint_is_a_clear_error(tmp_path):
-    from pathlib import Path
     from unittest import mock
 
     from ijepa.cli import IJEPACLI
@@ -88,7 +87,7 @@ def test_truncated_or_missing_checkpoint_is_a_clear_error(tmp_path):
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, good)
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-    config = str(Path(__file__).with_name("tiny.yaml"))
+    config = str(TINY_CONFIG)
 
     def validate(path):
         with mock.patch("sys.argv", ["ijepa"]):

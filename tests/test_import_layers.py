@@ -11,8 +11,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-PACKAGE = Path(__file__).resolve().parents[1] / "ijepa"
+PACKAGE = ROOT / "ijepa"
 
 # Bottom to top. A module belongs to the first entry that is its name or a parent package of it.
 LAYERS: list[tuple[str, ...]] = [

@@ -4,17 +4,16 @@ import importlib.util
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
-from conftest import TINY_MODEL
+from conftest import ROOT, TINY_CONFIG, TINY_MODEL
 
 from ijepa.module import IJEPA
 from ijepa.nn.position import POSITION_EMBEDDINGS
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "docs" / "notebooks"
+NOTEBOOKS = ROOT / "docs" / "notebooks"
 
 
 def load(name: str):
@@ -39,6 +38,7 @@ def checkpoint(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 def test_every_notebook_runs_as_a_script():
     for name in ("positions", "patches_and_masks", "encoder_debug"):
         result = subprocess.run(
@@ -76,7 +76,7 @@ def test_patches_and_masks_notebook_samples_the_chosen_masks():
 def test_encoder_debug_notebook_on_a_checkpoint(checkpoint):
     _, defs = load("encoder_debug").run()
     assert defs["on_all"]["output_shape"] == (8, 36, 128) and torch.isfinite(defs["loss"])
-    tiny = str(Path(__file__).with_name("tiny.yaml"))
+    tiny = str(TINY_CONFIG)
     _, defs = load("encoder_debug").run(
         defs={
             "config": ui(tiny),

@@ -10,11 +10,12 @@ from unittest import mock
 
 import pytest
 import torch
+from conftest import TINY_CONFIG
 
 from ijepa.cli import build_cli
 from ijepa.schedules import warmup_cosine_schedule
 
-CONFIG = str(Path(__file__).with_name("tiny.yaml"))
+CONFIG = str(TINY_CONFIG)
 EVERY_STEP = """
 trainer:
   callbacks:
@@ -168,6 +169,7 @@ def _start_fit(tmp_path, *args):
     return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_resumable_checkpoint_and_exits_non_zero(tmp_path):
     steps = 30  # one schedule for all three runs: its length is max_steps
     (tmp_path / "run").mkdir()

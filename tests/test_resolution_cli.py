@@ -11,13 +11,16 @@ from unittest import mock
 
 import pytest
 import torch
+from conftest import TINY_CONFIG
 
 from ijepa.cli import IJEPACLI
 from ijepa.data import IJEPADataModule
 from ijepa.module import IJEPA
 from ijepa.nn import POSITION_EMBEDDINGS
 
-CONFIG = str(Path(__file__).with_name("tiny.yaml"))
+pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
+
+CONFIG = str(TINY_CONFIG)
 SMALL_DATA = ["--data.shapes_train_size=96", "--data.shapes_val_size=40", "--trainer.max_steps=2"]
 
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from torch.utils.tensorboard import SummaryWriter
 
 from ijepa.studies.position_table import main as position_table
@@ -54,11 +55,10 @@ def test_export_images_writes_the_logged_image(tmp_path):
 
 
 def test_configuration_reference_matches_the_cli():
-    from pathlib import Path
 
     from ijepa.studies.config_reference import reference
 
-    documented = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
+    documented = (ROOT / "docs" / "configuration.md").read_text()
     assert documented == reference(), "regenerate: python -m ijepa.studies.config_reference > docs/configuration.md"
     assert "| `model.pos_embed` |" in documented and "| `data.bad_images` |" in documented
 
@@ -111,7 +111,6 @@ def test_learning_table_reports_every_step_the_gain_and_its_worst_seed(tmp_path)
 
 
 def test_learning_commands_undo_every_lever_for_plain():
-    from pathlib import Path
 
     from ijepa.studies.learning import PLAIN, VARIANTS, run_command
 
@@ -139,7 +138,7 @@ def test_mask_coverage_study_matches_the_placements_it_compares():
 
 
 def _documented_options() -> list[tuple[str, str]]:
-    rows = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text().splitlines()
+    rows = (ROOT / "docs" / "configuration.md").read_text().splitlines()
     options = []
     for row in rows:
         cells = [cell.strip() for cell in row.split(" | ")]

@@ -7,7 +7,7 @@ around mid-grey moves with the shape, so every patch of every frame shows the mo
 is a flat colour and only the patches the shape crosses move. The label is the direction of
 motion. Because of the wrap-around, the content of any single frame has the same distribution
 whatever the direction, so no single frame carries the label: a probe has to use time
-(``tests/test_video.py`` checks both halves of that claim on pixels).
+(``tests/nn/test_video.py`` checks both halves of that claim on pixels).
 
 With ``label="shape"`` the class is the moving shape's kind (the ten image classes) and the
 motion a nuisance: a random-init encoder's tokens already carry the direction of a panning

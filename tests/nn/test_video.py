@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import ROOT
 
 from ijepa.nn.attention import apply_rotary
 from ijepa.nn.video import (
@@ -437,13 +438,13 @@ def test_datamodule_clip_mode_batches():
         IJEPADataModule(dataset="moving_shapes", num_frames=3)
 
 
+@pytest.mark.slow
 def test_video_quickstart_config_fits_through_the_cli(tmp_path):
-    from pathlib import Path
     from unittest import mock
 
     from ijepa.cli import build_cli
 
-    config = Path(__file__).parents[1] / "configs" / "video_quickstart.yaml"
+    config = ROOT / "configs" / "video_quickstart.yaml"
     with mock.patch("sys.argv", ["ijepa"]):
         cli = build_cli(
             [
@@ -511,6 +512,7 @@ def test_clip_checkpoints_load_at_another_size_and_frame_count(tmp_path, pos_emb
         IJEPA.load_from_checkpoint(tmp_path / "small.ckpt", map_location="cpu", tubelet_size=4)
 
 
+@pytest.mark.slow
 def test_video_quickstart_learns_the_motion(tmp_path):
     """The video quickstart as shipped (150 steps): the linear probe on the target encoder's
     pooled features beats its random-init value (step 0) by more than one standard error on the
@@ -524,7 +526,7 @@ def test_video_quickstart_learns_the_motion(tmp_path):
 
     from ijepa.cli import build_cli
 
-    config = Path(__file__).parents[1] / "configs" / "video_quickstart.yaml"
+    config = ROOT / "configs" / "video_quickstart.yaml"
     with mock.patch("sys.argv", ["ijepa"]):
         build_cli(
             [

@@ -7,6 +7,8 @@ import torch
 
 av = pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extra (installed by '.[dev]')")
 
+from conftest import ROOT  # noqa: E402
+
 from ijepa.data.video_folder import VideoFolderClips, decode_clip  # noqa: E402
 
 
@@ -195,16 +197,16 @@ def test_moving_shapes_with_a_frame_rate_carry_frame_times():
     assert "frame_times" not in next(iter(plain.train_dataloader()))
 
 
+@pytest.mark.slow
 def test_a_video_folder_fits_through_the_cli_with_timestamps(tmp_path):
     """``ijepa fit`` on a folder of videos (10 and 20 fps, sampled at 8 fps) with M-RoPE: the
     masked and the probe batches carry ``frame_times`` and the run logs both probes."""
-    from pathlib import Path
     from unittest import mock
 
     from ijepa.cli import build_cli
 
     root = make_video_folder(tmp_path / "videos", per_class=8)
-    config = Path(__file__).parents[1] / "configs" / "video_quickstart.yaml"
+    config = ROOT / "configs" / "video_quickstart.yaml"
     with mock.patch("sys.argv", ["ijepa"]):
         cli = build_cli(
             [

@@ -13,13 +13,14 @@ from unittest import mock
 import numpy as np
 import pytest
 import yaml
+from conftest import TINY_CONFIG
 from PIL import Image
 
 from ijepa.cli import build_cli
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.imagefolder import RobustImageFolder, load_rgb, to_rgb
 
-TINY = Path(__file__).with_name("tiny.yaml")
+TINY = TINY_CONFIG
 PROBES = [
     {"class_path": "ijepa.callbacks.KNNProbe"},
     {"class_path": "ijepa.callbacks.LinearProbe", "init_args": {"max_iter": 20}},
