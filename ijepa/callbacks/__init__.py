@@ -6,9 +6,10 @@ from ijepa.callbacks.collapse import CollapseMonitor, feature_std, rankme
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
 from ijepa.callbacks.features import FeatureWriter
 from ijepa.callbacks.jepa_images import JEPAImages, position_loss_map
-from ijepa.callbacks.knn import KNNProbe, extract_features, knn_scores
+from ijepa.callbacks.knn import KNNProbe, knn_scores
 from ijepa.callbacks.linear import LinearProbe, train_linear_classifier
 from ijepa.callbacks.position_images import PositionSimilarityImages
+from ijepa.callbacks.probe import Probe, extract_features
 from ijepa.callbacks.resolution import PositionEmbeddingInterpolation
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "PositionEmbeddingInterpolation",
     "PositionSimilarityImages",
     "PreemptionCheckpoint",
+    "Probe",
     "ema_update_",
     "extract_features",
     "feature_std",

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from ijepa.callbacks.knn import extract_features
-from ijepa.callbacks.linear import LinearProbe
+from ijepa.callbacks.probe import Probe
 
 
 class AttentivePooler(nn.Module):
@@ -66,13 +65,11 @@ def train_attentive_classifier(
     return probe.eval()
 
 
-class AttentiveProbe(LinearProbe):
+class AttentiveProbe(Probe):
     """Train an :class:`AttentivePooler` on the frozen token features of the labelled train
     split and report top-1 on the held-out split as ``val/attentive_top1``
-    (``test/attentive_top1``). It runs when ``LinearProbe`` does: at step 0 (the random-init
-    baseline), at validations ending a training epoch that is a multiple of ``every_n_epochs``, at
-    the end of ``fit``, in ``validate`` /
-    ``test``; like it, it skips with one warning on unlabelled data (``num_classes`` below 2).
+    (``test/attentive_top1``). When it runs and its standing down on unlabelled data:
+    :class:`~ijepa.callbacks.probe.Probe`.
 
     Token features of the whole bank are held in memory, ``N x K x D`` floats (1,920 clips x 32
     tokens x 96 in the video quickstart; 5,000 STL-10 images x 144 x 384 is 1.1 GB).
@@ -121,22 +118,13 @@ class AttentiveProbe(LinearProbe):
         if width % self.num_heads:
             raise ValueError(f"AttentiveProbe num_heads must divide the encoder width {width}, got {self.num_heads}.")
 
-    def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
-        """Top-1 accuracy in [0, 1] of an attentive classifier on the current encoder's tokens."""
-        datamodule = trainer.datamodule
-        was_training = pl_module.training
-        pl_module.eval()
-        train_x, train_y = extract_features(
-            trainer, pl_module, datamodule.knn_train_dataloader(), self.encoder, tokens=True
-        )
-        test_x, test_y = extract_features(
-            trainer, pl_module, datamodule.knn_test_dataloader(), self.encoder, tokens=True
-        )
-        pl_module.train(was_training)
-        num_classes = datamodule.num_classes
+    def feature_options(self) -> dict:
+        return {"tokens": True}
+
+    def score(self, bank, bank_labels, queries, query_labels, num_classes: int) -> float:
         probe = train_attentive_classifier(
-            train_x,
-            train_y,
+            bank,
+            bank_labels,
             num_classes,
             self.num_heads,
             self.steps,
@@ -146,6 +134,6 @@ class AttentiveProbe(LinearProbe):
             self.seed,
         )
         with torch.no_grad():
-            logits = probe(test_x.float())
+            logits = probe(queries.float())
         accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro").to(logits.device)
-        return float(accuracy(logits, test_y))
+        return float(accuracy(logits, query_labels))

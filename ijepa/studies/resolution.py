@@ -24,27 +24,17 @@ import torch
 from torchmetrics.classification import MulticlassAccuracy
 
 from ijepa.callbacks.knn import knn_scores
+from ijepa.callbacks.probe import extract_features
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.module import IJEPA
 from ijepa.nn.resize import resize_patch, resize_patch_embed_kernel
 
 
-@torch.no_grad()
-def features(model: IJEPA, loader) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean-pooled target-encoder features ``[N, D]`` and labels ``[N]`` of the labelled images."""
-    feats, labels = [], []
-    for batch in loader:
-        keep = batch["labels"] >= 0
-        feats.append(model.features(batch["images"][keep]))
-        labels.append(batch["labels"][keep])
-    return torch.cat(feats), torch.cat(labels)
-
-
 def knn_top1(model: IJEPA, datamodule: IJEPADataModule, k: int = 20, temperature: float = 0.07) -> float:
     """Top-1 k-NN accuracy in [0, 1] of ``model`` on ``datamodule``'s probe splits."""
     model.eval()
-    bank, bank_labels = features(model, datamodule.knn_train_dataloader())
-    queries, query_labels = features(model, datamodule.knn_test_dataloader())
+    bank, bank_labels = extract_features(None, model, datamodule.knn_train_dataloader())
+    queries, query_labels = extract_features(None, model, datamodule.knn_test_dataloader())
     scores = knn_scores(bank, bank_labels, queries, datamodule.num_classes, k, temperature)
     return float(MulticlassAccuracy(num_classes=datamodule.num_classes, average="micro")(scores, query_labels))
 

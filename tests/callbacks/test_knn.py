@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from ijepa.callbacks.knn import _shard, _unshard, knn_scores
+from ijepa.callbacks.knn import knn_scores
+from ijepa.callbacks.probe import _shard, _unshard
 from ijepa.data.datamodule import labeled_collate
 
 
