@@ -132,9 +132,7 @@ class Predictor(nn.Module):
 
         x = self.input_proj(context).repeat_interleave(num_blocks, dim=0)  # [B*M, Kc, Dp]
         context_indices = context_indices.repeat_interleave(num_blocks, dim=0)
-        x = self.position.add_to_tokens(x, context_indices)
         queries = self.mask_token.expand(batch * num_blocks, num_targets, -1).to(x.dtype)
-        queries = self.position.add_to_tokens(queries, target_indices)
 
         tokens = torch.cat([x, queries], dim=1)
         indices = torch.cat([context_indices, target_indices], dim=1)
@@ -166,9 +164,8 @@ class Predictor(nn.Module):
         """``[B, Kc, D]``, ``[B, Kc]``, ``[B, M*Kt]`` -> predictions ``[B, M*Kt, D]``; with a
         ``context_mask`` the block structure becomes an explicit boolean mask (no mask-free path)."""
         batch, num_context = context_indices.shape
-        x = self.position.add_to_tokens(self.input_proj(context), context_indices)
+        x = self.input_proj(context)
         queries = self.mask_token.expand(batch, target_indices.size(1), -1).to(x.dtype)
-        queries = self.position.add_to_tokens(queries, target_indices)
         tokens = torch.cat([x, queries], dim=1)
         indices = torch.cat([context_indices, target_indices], dim=1)
         num_targets = target_indices.size(1) // num_blocks

@@ -320,5 +320,4 @@ class VideoVisionTransformer(nn.Module):
         else:
             check_indices(patch_indices, self.num_patches, "patch_indices")
             tokens = gather_patches(tokens, patch_indices)
-        tokens = self.position.add_to_tokens(tokens, patch_indices)
         return self.transformer(tokens, patch_indices, frame_times=frame_times, token_mask=token_mask)

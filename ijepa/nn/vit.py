@@ -106,10 +106,13 @@ class Transformer(nn.Module):
         token_mask: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """The outputs of the last ``count`` blocks, each through the final norm: ``count`` x
-        ``[B, K, D]``, the last being ``forward``'s. ``frame_times [B, T']`` reach encodings that
+        ``[B, K, D]``, the last being ``forward``'s. ``tokens`` come without positions: the
+        encoding adds its own here (``add_to_tokens``), its attention terms act in every block
+        and its ``after_block`` hook after each. ``frame_times [B, T']`` reach encodings that
         take them (M-RoPE) and are ignored by the others."""
         if not 1 <= count <= len(self.blocks):
             raise ValueError(f"count must be in 1..{len(self.blocks)} (the depth), got {count}.")
+        tokens = self.position.add_to_tokens(tokens, indices)
         times = {"frame_times": frame_times} if frame_times is not None and self.position.takes_frame_times else {}
         positions = self.position.attention_positions(indices, **times)
         keep = None
@@ -215,7 +218,6 @@ class VisionTransformer(nn.Module):
                     f"batch mismatch: images have B={images.size(0)}, patch_indices have B={patch_indices.size(0)}."
                 )
             tokens = gather_patches(tokens, patch_indices)
-        tokens = self.position.add_to_tokens(tokens, patch_indices)
         return self.transformer(tokens, patch_indices, token_mask=token_mask)
 
     def pooled_features(self, images: torch.Tensor, last_blocks: int = 1) -> torch.Tensor:
@@ -231,8 +233,9 @@ def block_token_outputs(
     tokens: the last ``last_blocks`` blocks' normed outputs, ``last_blocks`` x ``[B, N, D]``
     (oldest block first)."""
     indices = torch.arange(encoder.num_patches, device=inputs.device).expand(inputs.size(0), -1)
-    tokens = encoder.position.add_to_tokens(encoder.patch_embed(inputs), indices)
-    return encoder.transformer.last_block_outputs(tokens, indices, last_blocks, frame_times=frame_times)
+    return encoder.transformer.last_block_outputs(
+        encoder.patch_embed(inputs), indices, last_blocks, frame_times=frame_times
+    )
 
 
 def pooled_block_features(

@@ -276,3 +276,17 @@ def test_block_layout_attention_equals_the_masked_attention(with_bias):
     torch.testing.assert_close(
         block_layout_attention(q, k, v, BlockLayout(c, m, t), bias), expected, atol=1e-6, rtol=1e-5
     )
+
+
+def test_positions_are_added_by_the_transformer_alone():
+    # One place adds absolute positions (Transformer.last_block_outputs), so an encoder, the
+    # predictor and the clip encoder cannot add them twice or forget them.
+    from conftest import ROOT
+
+    calls = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "ijepa").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if ".add_to_tokens(" in line
+    ]
+    assert len(calls) == 1 and calls[0].startswith("ijepa/nn/vit.py"), calls
