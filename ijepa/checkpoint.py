@@ -22,7 +22,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ijepa.nn.patch import PatchEmbed
 from ijepa.nn.position import PositionEncoding
-from ijepa.nn.resize import Grid, Resizer, _check_grid, resize_patch_embed_kernel
+from ijepa.nn.resize import Grid, Resizer, check_grid, resize_patch_embed_kernel
 
 _TEMPORARY = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
 
@@ -101,7 +101,7 @@ def resize_state_dict(
     lets a caller apply the same map to, e.g., optimizer moments). Raises ValueError listing the
     keys that are missing, unexpected or still mismatched: never a silent partial load.
     """
-    old_grid_size = _check_grid(old_grid_size, "old_grid_size", dims=(2, 3))
+    old_grid_size = check_grid(old_grid_size, "old_grid_size", dims=(2, 3))
     changed: dict[str, tuple[tuple[int, ...], tuple[int, ...], Resizer]] = {}
 
     def apply(key: str, resizer: Resizer) -> None:

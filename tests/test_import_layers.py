@@ -128,3 +128,15 @@ def test_the_checker_finds_upward_hidden_and_relative_imports():
     found = imported_modules(source, "ijepa.nn.probe")
     assert ("ijepa.nn.vit", 1, True) in found and ("ijepa.module", 4, False) in found
     assert layer_of("ijepa.nn.position") < layer_of("ijepa.masks") < layer_of("ijepa.module") < layer_of("ijepa.cli")
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_no_module_imports_another_modules_private_names(path):
+    private = [
+        f"line {node.lineno}: {node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ijepa")
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]
+    assert not private, f"{module_name(path)} imports private names:\n" + "\n".join(private)

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from ijepa.data.shapes import _CHUNK_POINTS, _MIN_CONTRAST, CLASSES, _index_seed, _render, _rgb_dist, _supersample
+from ijepa.data.shapes import CHUNK_POINTS, CLASSES, MIN_CONTRAST, index_seed, render_scenes, rgb_distance, supersample
 
 DIRECTIONS: tuple[str, ...] = ("right", "down_right", "down", "down_left", "left", "up_left", "up", "up_right")
 BACKGROUNDS: tuple[str, ...] = ("texture", "plain")
@@ -133,7 +133,7 @@ class MovingShapesClips(Dataset):
             self.targets = self.directions_of
         else:  # balanced shapes; the direction a function of the clip's seed
             self.targets = [i % len(CLASSES) for i in range(num_samples)]
-            self.directions_of = [_index_seed(seed + 7919, split, i) % num_directions for i in range(num_samples)]
+            self.directions_of = [index_seed(seed + 7919, split, i) % num_directions for i in range(num_samples)]
         self.clips: Tensor | None = self._render_all() if cache else None
 
     @property
@@ -145,7 +145,7 @@ class MovingShapesClips(Dataset):
 
     def clip_parameters(self, index: int) -> dict:
         """Everything random about clip ``index``: shape, colours, start, velocity."""
-        g = torch.Generator().manual_seed(_index_seed(self.seed, self.split, index))
+        g = torch.Generator().manual_seed(index_seed(self.seed, self.split, index))
         u = torch.rand(12, generator=g, dtype=torch.float64).tolist()
         size = self.image_size
         angle = (
@@ -156,8 +156,8 @@ class MovingShapesClips(Dataset):
         theta = 2 * math.pi * u[2]
         fg = colorsys.hsv_to_rgb(u[3], 0.65 + 0.35 * u[4], 0.75 + 0.25 * u[5])
         bg = colorsys.hsv_to_rgb(u[6], 0.35 * u[7], 0.05 + 0.9 * u[8])
-        if _rgb_dist(fg, bg) < _MIN_CONTRAST:
-            bg = max(((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)), key=lambda c: _rgb_dist(c, fg))
+        if rgb_distance(fg, bg) < MIN_CONTRAST:
+            bg = max(((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)), key=lambda c: rgb_distance(c, fg))
         objects = [
             dict(
                 x0=size * u[10],
@@ -228,7 +228,7 @@ class MovingShapesClips(Dataset):
             bases.append(base)
         base = None if self.background == "plain" else torch.cat(bases)
         size = self.image_size
-        return _render(frames, size, "plain", base=base).view(len(indices), self.num_frames, 3, size, size)
+        return render_scenes(frames, size, "plain", base=base).view(len(indices), self.num_frames, 3, size, size)
 
     def render(self, index: int) -> Tensor:
         """Clip ``index`` as ``uint8 [T, 3, H, W]``."""
@@ -237,8 +237,8 @@ class MovingShapesClips(Dataset):
         return self.render_many([index])[0]
 
     def _render_all(self) -> Tensor:
-        per_clip = self.num_frames * (self.image_size * _supersample(self.image_size)) ** 2
-        chunk = max(1, _CHUNK_POINTS // per_clip)
+        per_clip = self.num_frames * (self.image_size * supersample(self.image_size)) ** 2
+        chunk = max(1, CHUNK_POINTS // per_clip)
         out = torch.empty(self.num_samples, self.num_frames, 3, self.image_size, self.image_size, dtype=torch.uint8)
         for start in range(0, self.num_samples, chunk):
             stop = min(start + chunk, self.num_samples)

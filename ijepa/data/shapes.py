@@ -25,7 +25,19 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 
-__all__ = ["CLASSES", "BACKGROUNDS", "SPLITS", "ShapesDataset"]
+# The renderer's public pieces, shared with the moving-shapes clips (ijepa.data.moving_shapes).
+__all__ = [
+    "BACKGROUNDS",
+    "CHUNK_POINTS",
+    "CLASSES",
+    "MIN_CONTRAST",
+    "SPLITS",
+    "ShapesDataset",
+    "index_seed",
+    "render_scenes",
+    "rgb_distance",
+    "supersample",
+]
 
 CLASSES: tuple[str, ...] = (
     "circle",
@@ -45,8 +57,8 @@ SPLITS: tuple[str, ...] = ("train", "val")
 _NOISE_STD = {"plain": 0.02, "noisy": 0.08, "busy": 0.02}
 _RADIUS_RANGE = (0.2, 0.42)  # default shape radius as a fraction of image size
 _MAX_OBJECTS = 8  # instances drawn per image (fixed draw count); the first n are used
-_MIN_CONTRAST = 0.4  # min RGB distance between shape and plain background
-_CHUNK_POINTS = 1 << 23  # sub-sample points per render chunk, bounds memory
+MIN_CONTRAST = 0.4  # min RGB distance between shape and plain background
+CHUNK_POINTS = 1 << 23  # sub-sample points per render chunk, bounds memory
 _N_GRATINGS, _N_BLOBS = 3, 2
 _N_OBJECT_U = 7  # per instance: radius, cx, cy, angle + fg colour (h, s, v)
 _N_SHAPE_U = 1 + _N_OBJECT_U * _MAX_OBJECTS + 4 * 3  # count + instances + 4 candidate bg colours
@@ -163,7 +175,7 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _index_seed(seed: int, split: str, index: int) -> int:
+def index_seed(seed: int, split: str, index: int) -> int:
     """Well-mixed int63 seed; a plain linear combination would let e.g. train
     index 7919 collide with val index 0."""
     h = _splitmix64(seed & _MASK64)
@@ -172,7 +184,7 @@ def _index_seed(seed: int, split: str, index: int) -> int:
     return h >> 1
 
 
-def _rgb_dist(a: Sequence[float], b: Sequence[float]) -> float:
+def rgb_distance(a: Sequence[float], b: Sequence[float]) -> float:
     return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
 
 
@@ -191,7 +203,7 @@ def _sample_params(
     even when unused) so the same index shares shape, colours and noise pattern
     across backgrounds.
     """
-    g = torch.Generator().manual_seed(_index_seed(seed, split, index))
+    g = torch.Generator().manual_seed(index_seed(seed, split, index))
     u = torch.rand(_N_SHAPE_U + _N_TEXTURE_U, generator=g, dtype=torch.float64).tolist()
     noise = torch.randn(3, image_size, image_size, generator=g)
 
@@ -218,9 +230,9 @@ def _sample_params(
     candidates = [colorsys.hsv_to_rgb(b[3 * k], 0.35 * b[1 + 3 * k], 0.05 + 0.9 * b[2 + 3 * k]) for k in range(4)]
 
     def contrast(c):
-        return min(_rgb_dist(c, o["fg"]) for o in objects)
+        return min(rgb_distance(c, o["fg"]) for o in objects)
 
-    bg = next((c for c in candidates if contrast(c) >= _MIN_CONTRAST), None)
+    bg = next((c for c in candidates if contrast(c) >= MIN_CONTRAST), None)
     if bg is None:
         bg = max(((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)), key=contrast)
 
@@ -258,7 +270,7 @@ def _col(values: Sequence[float]) -> Tensor:
     return torch.tensor(values, dtype=torch.float32).view(-1, 1, 1)
 
 
-def _supersample(image_size: int) -> int:
+def supersample(image_size: int) -> int:
     # sub-samples per pixel side; large images already resolve edges finely
     return 4 if image_size <= 64 else 2
 
@@ -271,7 +283,7 @@ def _coverage(instances: list[tuple[int, dict]], image_size: int) -> Tensor:
     image). The window's sub-sample coordinates are the whole image's, computed the same way,
     so the coverage is bit-identical to testing every sub-sample of the image.
     """
-    ss = _supersample(image_size)
+    ss = supersample(image_size)
     alpha = torch.zeros(len(instances), image_size, image_size)
     labels = torch.tensor([label for label, _ in instances])
     for label in labels.unique().tolist():
@@ -328,7 +340,7 @@ def _texture(params: list[dict], image_size: int) -> Tensor:
     return bg
 
 
-def _render(params: list[dict], image_size: int, background: str, base: Tensor | None = None) -> Tensor:
+def render_scenes(params: list[dict], image_size: int, background: str, base: Tensor | None = None) -> Tensor:
     """Render a batch of images from their parameters; -> uint8 [B, 3, H, W]. ``base [B, 3, H, W]``
     (float in [0, 1]), when given, replaces the background."""
     if base is not None:
@@ -435,10 +447,10 @@ class ShapesDataset(Dataset):
             _sample_params(self.seed, self.split, i, self.image_size, self.num_classes, self.num_objects, self.radius)
             for i in indices
         ]
-        return _render(params, self.image_size, self.background)
+        return render_scenes(params, self.image_size, self.background)
 
     def _render_all(self) -> Tensor:
-        chunk = max(1, _CHUNK_POINTS // (self.image_size * _supersample(self.image_size)) ** 2)
+        chunk = max(1, CHUNK_POINTS // (self.image_size * supersample(self.image_size)) ** 2)
         out = torch.empty(self.num_samples, 3, self.image_size, self.image_size, dtype=torch.uint8)
         for start in range(0, self.num_samples, chunk):
             stop = min(start + chunk, self.num_samples)

@@ -22,7 +22,7 @@ INTERPOLATION_MODES = ("bicubic", "bilinear", "nearest")
 Grid = tuple[int, ...]  # (H, W), or (T, H, W) for clips
 
 
-def _check_grid(grid, name: str, dims: tuple[int, ...] = (2,)) -> Grid:
+def check_grid(grid, name: str, dims: tuple[int, ...] = (2,)) -> Grid:
     if len(grid) not in dims or any(int(g) != g or g <= 0 for g in grid):
         what = "two positive integers (grid_height, grid_width)"
         if 3 in dims:
@@ -43,7 +43,7 @@ def resample_grid(values: torch.Tensor, new_size: Grid, mode: str = "bicubic", a
     shrinks (and only for ``bilinear``/``bicubic``); an unchanged size returns the input exactly.
     """
     _check_mode(mode)
-    new_size = _check_grid(new_size, "new_size")
+    new_size = check_grid(new_size, "new_size")
     if tuple(values.shape[-2:]) == new_size:
         return values
     shrinking = new_size[0] < values.size(-2) or new_size[1] < values.size(-1)
@@ -75,8 +75,8 @@ def interpolate_position_embedding(
         ``[num_prefix_tokens + N_new, D]`` (or ``[1, ..., D]`` for a 3-D input); the input
         itself when the grid does not change.
     """
-    old_h, old_w = _check_grid(old_grid_size, "old_grid_size")
-    new_h, new_w = _check_grid(new_grid_size, "new_grid_size")
+    old_h, old_w = check_grid(old_grid_size, "old_grid_size")
+    new_h, new_w = check_grid(new_grid_size, "new_grid_size")
     batched = pos_embedding.dim() == 3
     if batched and pos_embedding.size(0) != 1 or pos_embedding.dim() not in (2, 3):
         raise ValueError(f"pos_embedding must be [N, D] or [1, N, D], got {tuple(pos_embedding.shape)}.")
@@ -104,7 +104,7 @@ def interpolate_3d_table(
     ``bicubic``/``bilinear`` (PyTorch has no tricubic), ``nearest`` for ``nearest``. An unchanged
     grid returns the input exactly."""
     _check_mode(mode)
-    old_grid, new_grid = _check_grid(old_grid, "old_grid", (3,)), _check_grid(new_grid, "new_grid", (3,))
+    old_grid, new_grid = check_grid(old_grid, "old_grid", (3,)), check_grid(new_grid, "new_grid", (3,))
     if table.size(0) != old_grid[0] * old_grid[1] * old_grid[2]:
         raise ValueError(
             f"table has {table.size(0)} rows, but old_grid {old_grid} has {old_grid[0] * old_grid[1] * old_grid[2]}."
@@ -135,8 +135,8 @@ def interpolate_relative_bias_table(
     The table is an image over offsets ``(dr, dc)`` with ``dr in [-(H-1), H-1]``, so it is
     resampled to ``(2H'-1) x (2W'-1)`` per head (Swin V1's fine-tuning recipe).
     """
-    old_h, old_w = _check_grid(old_grid_size, "old_grid_size")
-    new_h, new_w = _check_grid(new_grid_size, "new_grid_size")
+    old_h, old_w = check_grid(old_grid_size, "old_grid_size")
+    new_h, new_w = check_grid(new_grid_size, "new_grid_size")
     rows, cols = 2 * old_h - 1, 2 * old_w - 1
     if table.dim() != 2 or table.size(0) != rows * cols:
         raise ValueError(f"table must be [{rows * cols}, heads] for a {old_h}x{old_w} grid, got {tuple(table.shape)}.")

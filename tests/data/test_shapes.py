@@ -201,10 +201,10 @@ def test_windowed_coverage_equals_testing_every_sub_sample_of_the_image():
     # _coverage tests each instance only in a window around it; the reference tests the whole grid.
     import math
 
-    from ijepa.data.shapes import _SHAPE_FNS, CLASSES, _coverage, _supersample
+    from ijepa.data.shapes import _SHAPE_FNS, CLASSES, _coverage, supersample
 
     def full_grid(instances, size):
-        ss = _supersample(size)
+        ss = supersample(size)
         grid = (torch.arange(size * ss, dtype=torch.float32) + 0.5) / ss
         xs, ys = grid.view(1, -1), grid.view(-1, 1)
         out = []
