@@ -67,17 +67,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options, got {storage_options!r}.")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = temporary_path(path)
-        try:
-            with open(temporary, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        atomic_save(checkpoint, path)
+
+
+def atomic_save(obj: Any, path) -> None:
+    """``torch.save(obj, path)`` through :func:`temporary_path`: written, flushed to disk, then
+    renamed over ``path`` (``os.replace`` is atomic on one filesystem), so ``path`` is always
+    either its old content or the complete new one. Creates the parent folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_path(path)
+    try:
+        with open(temporary, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def resize_state_dict(

@@ -85,7 +85,7 @@ def test_validate_from_checkpoint_reports_knn(fitted_run):
 
 def test_fit_and_validate_on_stl10_binary_layout(tmp_path):
     """The stl10 path end to end through the CLI, on a tiny folder in STL-10's binary layout."""
-    from test_datamodule import write_stl10
+    from data.test_datamodule import write_stl10  # tests/data/, a namespace package under tests/
 
     write_stl10(tmp_path / "data")
     stl_args = [

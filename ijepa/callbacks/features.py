@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
+
+from ijepa.checkpoint import atomic_save
 
 
 class FeatureWriter(BasePredictionWriter):
@@ -43,10 +44,7 @@ class FeatureWriter(BasePredictionWriter):
             return
         result = {key: torch.cat([batch[key].detach().cpu() for batch in batches]) for key in ("features", "labels")}
         path = self.path(trainer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        torch.save(result, temporary)
-        os.replace(temporary, path)
+        atomic_save(result, path)
         self.written.append(path)
         rank_zero_info(
             f"Wrote {result['features'].shape[0]} feature vectors of width {result['features'].shape[1]} "
