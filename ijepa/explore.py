@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
 from ijepa.nn.attention import apply_rotary
-from ijepa.nn.position import AdditivePositionEmbedding, PositionEncoding
+from ijepa.nn.position import AdditivePosition, PositionEncoding
 
 
 def mask_statistics(sampler: MultiBlockMaskSampler, batch_size: int = 64, num_batches: int = 20, seed: int = 0) -> dict:
@@ -49,7 +49,7 @@ def mask_statistics(sampler: MultiBlockMaskSampler, batch_size: int = 64, num_ba
 
 
 def _additive_table(position: PositionEncoding) -> torch.Tensor:
-    if not isinstance(position, AdditivePositionEmbedding):
+    if not isinstance(position, AdditivePosition):
         raise ValueError(
             f"{type(position).__name__} has no additive table; table maps exist for learned, learned_2d and sincos "
             "(RoPE: use rope_offset_scores)."
@@ -73,15 +73,43 @@ def position_similarity_map(position: PositionEncoding, index: int) -> torch.Ten
     return F.cosine_similarity(table[index][None], table, dim=1).view(position.grid_height, position.grid_width)
 
 
-def relative_bias_map(position: PositionEncoding, head: int = 0) -> torch.Tensor:
-    """A ``relative_bias`` table of one head as its offset image ``[2 G_h - 1, 2 G_w - 1]``
-    (centre = offset (0, 0), row = query row minus key row)."""
-    table = getattr(position, "table", None)
-    if not isinstance(table, torch.nn.Parameter) or table.dim() != 2:
-        raise ValueError(f"{type(position).__name__} is not a relative_bias encoding.")
-    if not 0 <= head < table.size(1):
-        raise ValueError(f"head must be in 0..{table.size(1) - 1}, got {head}.")
-    return table[:, head].detach().float().view(2 * position.grid_height - 1, 2 * position.grid_width - 1)
+def offset_pairs(
+    grid_height: int, grid_width: int, anchor: tuple[int, int] | None = None
+) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """One (query, key) token pair per offset ``p_q - p_k = (dr, dc)`` that fits the grid: query
+    and key indices, and the offset's cell ``(dr + G_h - 1, dc + G_w - 1)`` in a
+    ``[2 G_h - 1, 2 G_w - 1]`` map. The key sits at ``anchor`` (default: as far up-left as each
+    offset allows)."""
+    queries, keys, cells = [], [], []
+    for dr in range(-(grid_height - 1), grid_height):
+        for dc in range(-(grid_width - 1), grid_width):
+            kr, kc = anchor if anchor is not None else (max(0, -dr), max(0, -dc))
+            qr, qc = kr + dr, kc + dc
+            if 0 <= kr < grid_height and 0 <= kc < grid_width and 0 <= qr < grid_height and 0 <= qc < grid_width:
+                queries.append(qr * grid_width + qc)
+                keys.append(kr * grid_width + kc)
+                cells.append((dr + grid_height - 1, dc + grid_width - 1))
+    return queries, keys, cells
+
+
+@torch.no_grad()
+def bias_offset_map(position: PositionEncoding, head: int = 0, anchor: tuple[int, int] | None = None) -> torch.Tensor:
+    """The attention bias of one head against the offset ``p_q - p_k = (dr, dc)``: a
+    ``[2 G_h - 1, 2 G_w - 1]`` map, centre = offset (0, 0), for any member that biases the
+    attention logits (``relative_bias``). Cells no pair reaches from ``anchor`` are NaN."""
+    everything = torch.arange(position.num_positions)[None]
+    positions = position.attention_positions(everything)
+    if positions is None or positions.bias is None:
+        raise ValueError(f"{type(position).__name__} puts no bias on the attention logits.")
+    bias = positions.bias[0].detach().float()  # [heads, N, N]
+    if not 0 <= head < bias.size(0):
+        raise ValueError(f"head must be in 0..{bias.size(0) - 1}, got {head}.")
+    gh, gw = position.grid_height, position.grid_width
+    queries, keys, cells = offset_pairs(gh, gw, anchor)
+    image = torch.full((2 * gh - 1, 2 * gw - 1), float("nan"))
+    for (row, col), q, k in zip(cells, queries, keys):
+        image[row, col] = bias[head, q, k]
+    return image
 
 
 def load_model(checkpoint: str, **overrides):
@@ -105,29 +133,19 @@ def rope_offset_scores(
     The key sits at ``anchor`` (default: as far up-left as each offset allows); for a relative
     encoding the map does not depend on where (the test of that is RoPE's relativity).
     """
-    if not hasattr(position, "angles"):
-        raise ValueError(f"{type(position).__name__} is not a rotary encoding (rope_axial or rope_mixed).")
+    everything = torch.arange(position.num_positions)[None]
+    positions = position.attention_positions(everything)
+    if positions is None or positions.rope is None:
+        raise ValueError(f"{type(position).__name__} is not a rotary encoding (it does not rotate q and k).")
     gh, gw = position.grid_height, position.grid_width
+    q_idx, k_idx, cells = offset_pairs(gh, gw, anchor)
     scores = torch.full((2 * gh - 1, 2 * gw - 1), float("nan"))
-    q_idx, k_idx, cells = [], [], []
-    for dr in range(-(gh - 1), gh):
-        for dc in range(-(gw - 1), gw):
-            kr, kc = anchor if anchor is not None else (max(0, -dr), max(0, -dc))
-            qr, qc = kr + dr, kc + dc
-            if 0 <= kr < gh and 0 <= kc < gw and 0 <= qr < gh and 0 <= qc < gw:
-                q_idx.append(qr * gw + qc)
-                k_idx.append(kr * gw + kc)
-                cells.append((dr + gh - 1, dc + gw - 1))
-    q_angles = position.angles(torch.tensor([q_idx]))  # [1, 1 or H, P, hd/2]
-    k_angles = position.angles(torch.tensor([k_idx]))
-    h = min(head, q_angles.size(1) - 1)
+    cos, sin = positions.rope  # [1, 1 or H, N, hd/2]
+    q_cos, q_sin, k_cos, k_sin = cos[:, :, q_idx], sin[:, :, q_idx], cos[:, :, k_idx], sin[:, :, k_idx]
+    h = min(head, cos.size(1) - 1)
     count = len(cells)
-    q_rot = apply_rotary(
-        query.float().expand(1, 1, count, -1), q_angles[:, h : h + 1].cos(), q_angles[:, h : h + 1].sin()
-    )
-    k_rot = apply_rotary(
-        key.float().expand(1, 1, count, -1), k_angles[:, h : h + 1].cos(), k_angles[:, h : h + 1].sin()
-    )
+    q_rot = apply_rotary(query.float().expand(1, 1, count, -1), q_cos[:, h : h + 1], q_sin[:, h : h + 1])
+    k_rot = apply_rotary(key.float().expand(1, 1, count, -1), k_cos[:, h : h + 1], k_sin[:, h : h + 1])
     values = (q_rot * k_rot).sum(-1).flatten()
     for (row, col), value in zip(cells, values.tolist()):
         scores[row, col] = value

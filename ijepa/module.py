@@ -54,12 +54,17 @@ class IJEPA(L.LightningModule):
         num_heads: encoder attention heads (must divide ``embed_dim``).
         mlp_ratio: MLP hidden width as a multiple of the block width.
         drop_path_rate: stochastic-depth rate of the last block (linear from 0), encoder and predictor.
-        pos_embed: encoder position encoding: none, learned, learned_2d, sincos, rope_axial,
-            rope_mixed, peg or relative_bias (``docs/position_embeddings.md``).
+        pos_embed: encoder position encoding, a name of ``ijepa.nn.position.POSITION_ENCODINGS``:
+            none, learned, learned_2d, sincos, rope_axial, rope_mixed, peg or relative_bias for
+            images; sincos_3d, learned_3d or mrope for clips (``docs/position_embeddings.md``).
+        pos_options: the encoder position encoding's own options, e.g. ``{axis_order: row_col}``
+            for sincos or ``{base: 10000}`` for rope_axial (the table in
+            ``docs/position_embeddings.md`` lists each member's).
         predictor_embed_dim: predictor width.
         predictor_depth: predictor blocks.
         predictor_num_heads: predictor attention heads.
         predictor_pos_embed: predictor position encoding (same names as ``pos_embed``).
+        predictor_pos_options: the predictor position encoding's own options.
         predictor_mode: per_block (official: one sequence per target block, context repeated) or
             one_pass (the context's layers run once per image and attend to the context only;
             each block's queries attend to the context and their own block; computed without an
@@ -94,8 +99,9 @@ class IJEPA(L.LightningModule):
             encoder and a video ``pos_embed`` / ``predictor_pos_embed`` (sincos_3d, learned_3d,
             mrope); see ``docs/video.md``. A clip batch may carry ``frame_times [B, T]`` in seconds.
         tubelet_size: frames per tubelet (clips only).
-        time_unit: ``mrope`` with timestamps: seconds per temporal position, so a token's
-            temporal coordinate is ``frame_time / time_unit``. Set it near the spacing of
+        time_unit: clips with timestamps: seconds per temporal position. The encoders and the
+            predictor receive ``frame_time / time_unit`` (per tubelet), which encodings that read
+            time (``mrope``) use as the temporal coordinate. Set it near the spacing of
             temporal tokens (``tubelet_size / clip_fps``) so timestamps rotate as much as frame
             indices would; at 1 s a 0.1 s gap barely rotates anything.
         compile: wrap the encoders and predictor in ``torch.compile`` (state-dict keys unchanged).
@@ -112,10 +118,12 @@ class IJEPA(L.LightningModule):
         "num_heads",
         "mlp_ratio",
         "pos_embed",
+        "pos_options",
         "predictor_embed_dim",
         "predictor_depth",
         "predictor_num_heads",
         "predictor_pos_embed",
+        "predictor_pos_options",
         "predictor_mode",
         "tubelet_size",
         "sigreg_projector",
@@ -132,10 +140,12 @@ class IJEPA(L.LightningModule):
         mlp_ratio: float = 4.0,
         drop_path_rate: float = 0.0,
         pos_embed: str = "sincos",
+        pos_options: dict | None = None,
         predictor_embed_dim: int = 96,
         predictor_depth: int = 6,
         predictor_num_heads: int = 3,
         predictor_pos_embed: str = "sincos",
+        predictor_pos_options: dict | None = None,
         predictor_mode: str = "per_block",
         loss: str = "smooth_l1",
         target_last_blocks: int = 1,
@@ -183,6 +193,8 @@ class IJEPA(L.LightningModule):
         self.position_interpolation = {"mode": "bicubic", "antialias": False}
         if num_frames < 0:
             raise ValueError(f"num_frames must be 0 (images) or a positive frame count, got {num_frames}.")
+        if time_unit <= 0:
+            raise ValueError(f"time_unit must be > 0 (seconds per temporal position), got {time_unit}.")
         if num_frames:
             self.encoder = VideoVisionTransformer(
                 num_frames,
@@ -197,10 +209,9 @@ class IJEPA(L.LightningModule):
                 drop_path_rate=drop_path_rate,
                 pos_embed=pos_embed,
                 rescale_residuals=rescale_residuals,
-                **({"time_unit": time_unit} if pos_embed == "mrope" else {}),
+                pos_options=pos_options,
             )
             grid = self.encoder.grid
-            predictor_options = {"time_unit": time_unit} if predictor_pos_embed == "mrope" else {}
         else:
             self.encoder = VisionTransformer(
                 image_size,
@@ -213,9 +224,9 @@ class IJEPA(L.LightningModule):
                 drop_path_rate=drop_path_rate,
                 pos_embed=pos_embed,
                 rescale_residuals=rescale_residuals,
+                pos_options=pos_options,
             )
             grid = self.encoder.grid_size
-            predictor_options = {}
         self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
         self.predictor = Predictor(
             grid,
@@ -228,7 +239,7 @@ class IJEPA(L.LightningModule):
             pos_embed=predictor_pos_embed,
             mode=predictor_mode,
             rescale_residuals=rescale_residuals,
-            **predictor_options,
+            pos_options=predictor_pos_options,
         )
         self.sigreg = SIGReg(sigreg_slices) if sigreg_weight > 0 else None
         self.sigreg_projector = (
@@ -281,13 +292,14 @@ class IJEPA(L.LightningModule):
         return network(images, **self.token_times(frame_times))
 
     def token_times(self, frame_times: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """A clip batch's per-frame timestamps ``[B, T]`` -> the keyword arguments the encoders and
-        predictor take: ``{"frame_times": [B, T']}`` (each tubelet's first frame), or ``{}``."""
+        """A clip batch's per-frame timestamps ``[B, T]`` (seconds) -> the keyword arguments the
+        encoders and predictor take: ``{"frame_times": [B, T']}``, each tubelet's first frame in
+        units of ``time_unit`` (temporal positions), or ``{}``."""
         if frame_times is None:
             return {}
         if not self.hparams.num_frames:
             raise ValueError("frame_times were given for an image model (model.num_frames=0).")
-        return {"frame_times": tubelet_times(frame_times, self.hparams.tubelet_size)}
+        return {"frame_times": tubelet_times(frame_times, self.hparams.tubelet_size) / self.hparams.time_unit}
 
     def forward(self, images: torch.Tensor, frame_times: torch.Tensor | None = None) -> torch.Tensor:
         """Target-encoder features of every patch, ``[B, C, H, W] -> [B, N, D]`` (clips

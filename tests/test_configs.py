@@ -6,6 +6,7 @@ from conftest import ROOT
 from ijepa.cli import IJEPACLI
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.module import IJEPA
+from ijepa.nn.position import POSITION_ENCODINGS, position_names
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -44,30 +45,36 @@ def test_there_are_the_documented_configs():
     assert {"quickstart", "stl10_vit_tiny", "stl10_vit_small"} <= {c.stem for c in CONFIGS}
 
 
-ABLATIONS = sorted((ROOT / "configs" / "ablations").glob("pos_*.yaml"))
-
-
-def test_there_is_an_ablation_for_every_position_type():
-    from ijepa.nn import POSITION_EMBEDDINGS
-
-    assert {c.stem.removeprefix("pos_") for c in ABLATIONS} == set(POSITION_EMBEDDINGS)
-
-
-@pytest.mark.parametrize("overlay", ABLATIONS, ids=[c.stem for c in ABLATIONS])
-def test_ablation_overlays_build_on_the_quickstart(overlay, tmp_path):
+@pytest.mark.parametrize("name", position_names(dims=2))
+def test_every_image_position_encoding_trains_from_the_quickstart_by_name(name, tmp_path):
+    # the position study runs `--model.pos_embed <name>` on the quickstart for every member
     quickstart = ROOT / "configs" / "quickstart.yaml"
-    cli = IJEPACLI(
-        IJEPA,
-        IJEPADataModule,
-        run=False,
-        args=["--config", str(quickstart), "--config", str(overlay), f"--trainer.default_root_dir={tmp_path}"],
-    )
-    name = overlay.stem.removeprefix("pos_")
-    assert cli.model.hparams.pos_embed == name
-    from ijepa.nn import POSITION_EMBEDDINGS
+    args = ["--config", str(quickstart), f"--model.pos_embed={name}", f"--trainer.default_root_dir={tmp_path}"]
+    cli = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
+    assert type(cli.model.encoder.position) is POSITION_ENCODINGS[name]
+    assert cli.model.hparams.predictor_pos_embed == "sincos"
 
-    assert type(cli.model.encoder.position) is POSITION_EMBEDDINGS[name]
-    assert cli.datamodule.hparams.dataset == "shapes"
+
+def test_position_options_reach_the_encoding_from_yaml(tmp_path):
+    quickstart = ROOT / "configs" / "quickstart.yaml"
+    args = [
+        "--config",
+        str(quickstart),
+        "--model.pos_embed=rope_axial",
+        "--model.pos_options={base: 1000.0}",
+        "--model.predictor_pos_options={axis_order: row_col}",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    cli = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
+    assert cli.model.encoder.position.base == 1000.0
+    assert cli.model.predictor.position.axis_order == "row_col"
+
+
+def test_an_option_the_encoding_does_not_have_is_refused_by_name(tmp_path):
+    quickstart = ROOT / "configs" / "quickstart.yaml"
+    args = ["--config", str(quickstart), "--model.pos_options={base: 10.0}", f"--trainer.default_root_dir={tmp_path}"]
+    with pytest.raises(ValueError, match=r"unknown options \['base'\] for position encoding 'sincos'.*axis_order"):
+        IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
 
 
 def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path):

@@ -11,7 +11,7 @@ from ijepa.explore import (
     rope_offset_scores,
 )
 from ijepa.masks import MultiBlockMaskSampler
-from ijepa.nn import VisionTransformer, build_position_embedding
+from ijepa.nn import VisionTransformer, build_position_encoding
 from ijepa.pictures import patch_grid_image, to_png
 
 
@@ -62,23 +62,23 @@ def test_mask_statistics_are_consistent():
 
 
 def test_table_maps():
-    sincos = build_position_embedding("sincos", 6, 6, 32)
+    sincos = build_position_encoding("sincos", (6, 6), 32)
     table = sincos.table().detach()
     torch.testing.assert_close(position_channel_map(sincos, 3), table[:, 3].view(6, 6))
     similarity = position_similarity_map(sincos, 14)
     assert similarity.shape == (6, 6) and abs(similarity.view(-1)[14] - 1) < 1e-6
     # symmetric: sim(i, j) = sim(j, i)
     assert abs(similarity.view(-1)[20] - position_similarity_map(sincos, 20).view(-1)[14]) < 1e-6
-    assert position_similarity_map(build_position_embedding("learned_2d", 4, 5, 16), 0).shape == (4, 5)
+    assert position_similarity_map(build_position_encoding("learned_2d", (4, 5), 16), 0).shape == (4, 5)
     with pytest.raises(ValueError, match="no additive table"):
-        position_channel_map(build_position_embedding("rope_axial", 4, 4, 16, 2), 0)
+        position_channel_map(build_position_encoding("rope_axial", (4, 4), 16, 2), 0)
     with pytest.raises(ValueError, match=r"channel must be in 0\.\.31"):
         position_channel_map(sincos, 32)
 
 
 @pytest.mark.parametrize("name", ["rope_axial", "rope_mixed"])
 def test_rope_scores_depend_only_on_the_offset(name):
-    position = build_position_embedding(name, 5, 5, 32, 2)
+    position = build_position_encoding(name, (5, 5), 32, 2)
     generator = torch.Generator().manual_seed(0)
     query, key = torch.randn(16, generator=generator), torch.randn(16, generator=generator)
     scores = rope_offset_scores(position, query, key)
@@ -91,7 +91,7 @@ def test_rope_scores_depend_only_on_the_offset(name):
     torch.testing.assert_close(anchored[reachable], scores[reachable], atol=1e-4, rtol=1e-4)
     assert scores.std() > 0.01  # and the score does vary with the offset
     with pytest.raises(ValueError, match="not a rotary encoding"):
-        rope_offset_scores(build_position_embedding("sincos", 4, 4, 16), query, key)
+        rope_offset_scores(build_position_encoding("sincos", (4, 4), 16), query, key)
 
 
 def test_encoder_report():
@@ -106,21 +106,22 @@ def test_encoder_report():
     assert part["output_shape"] == (3, 3, 32) and part["indices_shape"] == (3, 3)
 
 
-def test_relative_bias_map_and_checkpoint_loading(tmp_path):
+def test_bias_offset_map_and_checkpoint_loading(tmp_path):
     import lightning as L
     from conftest import TINY_MODEL
 
-    from ijepa.explore import load_model, relative_bias_map
+    from ijepa.explore import bias_offset_map, load_model
     from ijepa.module import IJEPA
 
-    position = build_position_embedding("relative_bias", 3, 4, 16, 2)
-    bias_map = relative_bias_map(position, head=1)
+    position = build_position_encoding("relative_bias", (3, 4), 16, 2)
+    bias_map = bias_offset_map(position, head=1)
+    torch.testing.assert_close(bias_map, position.table[:, 1].detach().view(5, 7))  # the table, as offsets
     assert bias_map.shape == (5, 7)
     # the map's entry at offset (dr, dc) is the bias between tokens that far apart
     bias = position.attention_positions(torch.tensor([[5, 0]])).bias  # token 5 = (1, 1), token 0 = (0, 0)
     assert bias[0, 1, 0, 1] == bias_map[2 + 1, 3 + 1]
-    with pytest.raises(ValueError, match="not a relative_bias"):
-        relative_bias_map(build_position_embedding("sincos", 3, 4, 16))
+    with pytest.raises(ValueError, match="SincosPosition puts no bias on the attention logits"):
+        bias_offset_map(build_position_encoding("sincos", (3, 4), 16))
 
     model = IJEPA(**{**TINY_MODEL, "pos_embed": "learned"})
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, max_steps=0)

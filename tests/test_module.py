@@ -10,6 +10,7 @@ from ijepa.callbacks import EMATargetUpdate, ema_update_
 from ijepa.data.collate import MaskCollator
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
+from ijepa.nn.position import position_names
 
 
 def random_loader(num_images=32, batch_size=4, image_size=32, patch_size=8):
@@ -276,21 +277,22 @@ def test_fit_warns_when_no_callback_moves_the_target_encoder(tmp_path, with_ema)
     assert warned != with_ema
 
 
-@pytest.mark.parametrize(
-    "pos_embed", ["learned", "learned_2d", "sincos", "rope_axial", "rope_mixed", "peg", "relative_bias"]
-)
+@pytest.mark.parametrize("pos_embed", position_names(2))
 def test_weight_decay_spares_biases_norms_tables_and_the_mask_token_not_kernels(pos_embed):
     model = IJEPA(**{**TINY_MODEL, "pos_embed": pos_embed, "predictor_pos_embed": pos_embed})
     decay, no_decay = model.parameter_groups()
     params = dict(model.named_parameters())
     assert sorted(decay + no_decay) == sorted(n for n, p in params.items() if p.requires_grad)
-    for name in no_decay:
-        table = ".position." in name and not name.endswith("conv.weight")
-        assert params[name].ndim < 2 or table or name == "predictor.mask_token", name
     for name in decay:
         assert params[name].ndim >= 2 and name != "predictor.mask_token"
-        assert ".position." not in name or name.endswith("conv.weight"), name  # PEG's kernel decays
-    if pos_embed == "peg":
+    for name in no_decay:
+        assert params[name].ndim < 2 or ".position." in name or name == "predictor.mask_token", name
+    # each member names the parameters it keeps from decay (tables); the rest decay as weights
+    for network in ("encoder", "predictor"):
+        position = getattr(model, network).transformer.position
+        spared = position.no_weight_decay()
+        for name, param in position.named_parameters():
+            full = f"{network}.transformer.position.{name}"
+            assert (full in no_decay) == (name in spared or param.ndim < 2), full
+    if pos_embed == "peg":  # a convolution's kernel is a weight
         assert "encoder.transformer.position.conv.weight" in decay
-    if pos_embed in ("learned", "learned_2d", "relative_bias", "rope_mixed"):
-        assert any(".position." in name and params[name].ndim >= 2 for name in no_decay)

@@ -11,7 +11,7 @@ import torch
 from conftest import ROOT, TINY_CONFIG, TINY_MODEL
 
 from ijepa.module import IJEPA
-from ijepa.nn.position import POSITION_EMBEDDINGS
+from ijepa.nn.position import POSITION_ENCODINGS, AdditivePosition, position_names
 
 NOTEBOOKS = ROOT / "docs" / "notebooks"
 
@@ -47,15 +47,15 @@ def test_every_notebook_runs_as_a_script():
         assert result.returncode == 0, result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("kind", list(POSITION_EMBEDDINGS))
+@pytest.mark.parametrize("kind", position_names(2))
 def test_positions_notebook_for_every_type(kind):
     _, defs = load("positions").run(
         defs={"kind": ui(kind), "grid": ui(5), "width": ui(32), "heads": ui(2), "checkpoint": ui("")}
     )
-    assert type(defs["position"]) is POSITION_EMBEDDINGS[kind]
-    has_table = kind in ("learned", "learned_2d", "sincos")
+    assert type(defs["position"]) is POSITION_ENCODINGS[kind]
+    has_table = issubclass(POSITION_ENCODINGS[kind], AdditivePosition)
     assert ("Image" in repr(defs["table_view"]) or "img" in str(defs["table_view"].text)) == has_table
-    has_relation = kind in ("rope_axial", "rope_mixed", "relative_bias")
+    has_relation = "attention_positions" in POSITION_ENCODINGS[kind].hooks()
     assert ("<img" in defs["relation_view"].text) == has_relation
 
 
@@ -63,7 +63,7 @@ def test_positions_notebook_shows_a_checkpoints_table(checkpoint):
     _, defs = load("positions").run(
         defs={"kind": ui("sincos"), "grid": ui(6), "width": ui(64), "heads": ui(4), "checkpoint": ui(checkpoint)}
     )
-    assert type(defs["position"]).__name__ == "Learned2DPositionEmbedding" and defs["position"].grid_height == 4
+    assert type(defs["position"]).__name__ == "LearnedPosition" and defs["position"].grid_height == 4
 
 
 def test_patches_and_masks_notebook_samples_the_chosen_masks():

@@ -172,3 +172,10 @@ def test_every_documented_option_parses_and_every_linked_one_is_refused():
     for target in targets:
         with pytest.raises(SystemExit):
             parser.parse_args([f"--{target}=2"])
+
+
+def test_the_position_family_table_in_the_docs_is_the_registrys():
+    from ijepa.studies.position_family import block
+
+    documented = (ROOT / "docs" / "position_embeddings.md").read_text()
+    assert block() in documented, "regenerate the table: python -m ijepa.studies.position_family"

@@ -20,25 +20,25 @@ def _():
     import torch
 
     from ijepa.explore import (
+        bias_offset_map,
         load_model,
         position_channel_map,
         position_similarity_map,
-        relative_bias_map,
         rope_offset_scores,
     )
-    from ijepa.nn.position import POSITION_EMBEDDINGS, build_position_embedding
+    from ijepa.nn.position import build_position_encoding, position_names
     from ijepa.pictures import cosine_similarity_grid, heat_image, to_png
 
     return (
-        POSITION_EMBEDDINGS,
-        build_position_embedding,
+        build_position_encoding,
         cosine_similarity_grid,
         heat_image,
         load_model,
         mo,
         position_channel_map,
+        position_names,
         position_similarity_map,
-        relative_bias_map,
+        bias_offset_map,
         rope_offset_scores,
         to_png,
         torch,
@@ -46,8 +46,8 @@ def _():
 
 
 @app.cell
-def _(POSITION_EMBEDDINGS, mo):
-    kind = mo.ui.dropdown(options=list(POSITION_EMBEDDINGS), value="sincos", label="position type")
+def _(mo, position_names):
+    kind = mo.ui.dropdown(options=list(position_names(2)), value="sincos", label="position type")
     grid = mo.ui.slider(2, 16, value=6, label="grid size G")
     width = mo.ui.slider(16, 256, step=16, value=64, label="width D")
     heads = mo.ui.slider(1, 8, value=4, label="heads")
@@ -59,12 +59,12 @@ def _(POSITION_EMBEDDINGS, mo):
 
 
 @app.cell
-def _(build_position_embedding, checkpoint, grid, heads, kind, load_model, mo, width):
+def _(build_position_encoding, checkpoint, grid, heads, kind, load_model, mo, width):
     if checkpoint.value:
         position = load_model(checkpoint.value).encoder.position
         source = f"`{checkpoint.value}`: encoder position `{type(position).__name__}`"
     else:
-        position = build_position_embedding(kind.value, grid.value, grid.value, width.value, heads.value)
+        position = build_position_encoding(kind.value, (grid.value, grid.value), width.value, heads.value)
         source = f"a freshly built `{kind.value}` ({type(position).__name__}) at init"
     mo.md(f"Showing {source} on a {position.grid_height}x{position.grid_width} grid.")
     return (position,)
@@ -81,7 +81,7 @@ def _(mo, position):
 
 @app.cell
 def _(
-    AdditivePositionEmbedding,
+    AdditivePosition,
     channel,
     chosen,
     cosine_similarity_grid,
@@ -92,7 +92,7 @@ def _(
     position_similarity_map,
     to_png,
 ):
-    if isinstance(position, AdditivePositionEmbedding):
+    if isinstance(position, AdditivePosition):
         _channel_map = position_channel_map(position, min(channel.value, position.embed_dim - 1))
         _similarity = position_similarity_map(position, chosen.value)
         _figure7 = cosine_similarity_grid(position.table(), position.grid_height, position.grid_width)
@@ -117,9 +117,10 @@ def _(
 
 
 @app.cell
-def _(mo, position, relative_bias_map, rope_offset_scores, heat_image, to_png, torch):
-    if hasattr(position, "angles"):
-        _head_dim = 2 * position.angles(torch.zeros(1, 1, dtype=torch.long)).size(-1)
+def _(bias_offset_map, heat_image, mo, position, rope_offset_scores, to_png, torch):
+    _positions = position.attention_positions(torch.arange(position.num_positions)[None])
+    if _positions is not None and _positions.rope is not None:
+        _head_dim = 2 * _positions.rope[0].size(-1)
         _generator = torch.Generator().manual_seed(0)
         _q, _k = torch.randn(_head_dim, generator=_generator), torch.randn(_head_dim, generator=_generator)
         _scores = rope_offset_scores(position, _q, _k)
@@ -132,11 +133,11 @@ def _(mo, position, relative_bias_map, rope_offset_scores, heat_image, to_png, t
                 mo.image(to_png(heat_image(_scores, 16))),
             ]
         )
-    elif type(position).__name__ == "RelativePositionBias":
+    elif _positions is not None and _positions.bias is not None:
         relation_view = mo.vstack(
             [
-                mo.md("relative bias of head 0 against the offset (centre = no offset)"),
-                mo.image(to_png(heat_image(relative_bias_map(position, 0), 16))),
+                mo.md("attention bias of head 0 against the offset (centre = no offset)"),
+                mo.image(to_png(heat_image(bias_offset_map(position, 0), 16))),
             ]
         )
     else:
@@ -147,9 +148,9 @@ def _(mo, position, relative_bias_map, rope_offset_scores, heat_image, to_png, t
 
 @app.cell
 def _():
-    from ijepa.nn.position import AdditivePositionEmbedding
+    from ijepa.nn.position import AdditivePosition
 
-    return (AdditivePositionEmbedding,)
+    return (AdditivePosition,)
 
 
 if __name__ == "__main__":

@@ -193,7 +193,8 @@ def run(args: argparse.Namespace) -> dict:
     # Each variant: (step function, flush denormals, predictor mode). The one-pass predictor is an
     # option that changes the math and is reported on its own line.
     variants = {"ours": (ours, True, "per_block")}
-    if args.one_pass and model.predictor.mode == "per_block" and model.hparams.predictor_pos_embed != "peg":
+    # the one-pass predictor refuses encodings that mix tokens after a block (peg)
+    if args.one_pass and model.predictor.mode == "per_block" and "after_block" not in model.predictor.position.hooks():
         variants["one_pass"] = (ours, True, "one_pass")
     if baseline is not None:
         base_optimizer = torch.optim.AdamW(

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ijepa.nn.position import AdditivePositionEmbedding
+from ijepa.nn.position import AdditivePosition, PositionEncoding
 
 
 def check_indices_item(indices: torch.Tensor, num_patches: int) -> None:
@@ -67,10 +67,10 @@ class SeedTransformer(nn.Module):
         return self.norm(x)
 
 
-def _table(position: nn.Module) -> torch.Tensor | None:
-    if isinstance(position, AdditivePositionEmbedding):
+def _table(position: PositionEncoding) -> torch.Tensor | None:
+    if isinstance(position, AdditivePosition) and position.hooks() == ("add_to_tokens",):
         return position.table().detach().clone()
-    if type(position).__name__ == "NoPositionEmbedding":
+    if not position.hooks():  # no position information
         return None
     raise ValueError(f"the seed-style baseline only has additive position tables, not {type(position).__name__}.")
 

@@ -8,8 +8,7 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from ijepa.nn.position import AdditivePositionEmbedding
-from ijepa.nn.video import VideoPositionEncoding
+from ijepa.nn.position import AdditivePosition
 from ijepa.pictures import cosine_similarity_grid, heat_image
 
 
@@ -29,13 +28,13 @@ class PositionSimilarityImages(Callback):
         loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         for name, network in (("encoder", pl_module.encoder), ("predictor", pl_module.predictor)):
             position = network.position
-            if not isinstance(position, AdditivePositionEmbedding):
+            if not isinstance(position, AdditivePosition):
                 continue
             table = position.table().detach().float()
             images = {}
-            if isinstance(position, VideoPositionEncoding):
+            if position.dims == 3:
                 slices = F.normalize(
-                    table.view(position.grid_time, position.grid_height * position.grid_width, -1), dim=-1
+                    table.view(position.grid[0], position.grid_height * position.grid_width, -1), dim=-1
                 )
                 images[f"positions/{name}_time"] = heat_image(
                     torch.einsum("tsd,usd->tu", slices, slices) / slices.size(1), 16

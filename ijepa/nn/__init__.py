@@ -4,15 +4,14 @@ from ijepa.nn.attention import Attention, BlockLayout, apply_rotary, block_layou
 from ijepa.nn.checks import check_indices, index_checks
 from ijepa.nn.patch import PatchEmbed, gather_patches, grid_size
 from ijepa.nn.position import (
-    POSITION_EMBEDDINGS,
+    POSITION_ENCODINGS,
+    AdditivePosition,
     AttentionPositions,
-    FixedSinCos2DPositionEmbedding,
-    Learned2DPositionEmbedding,
-    NoPositionEmbedding,
     PositionEncoding,
     add_position_embedding,
-    build_position_embedding,
+    build_position_encoding,
     gather_tokens_with_positions,
+    position_names,
     sinusoidal_1d_positions,
     sinusoidal_2d_grid,
 )
@@ -20,14 +19,12 @@ from ijepa.nn.predictor import Predictor
 from ijepa.nn.vit import Block, VisionTransformer
 
 __all__ = [
-    "POSITION_EMBEDDINGS",
+    "POSITION_ENCODINGS",
+    "AdditivePosition",
     "Attention",
     "AttentionPositions",
     "Block",
     "BlockLayout",
-    "FixedSinCos2DPositionEmbedding",
-    "Learned2DPositionEmbedding",
-    "NoPositionEmbedding",
     "PatchEmbed",
     "PositionEncoding",
     "Predictor",
@@ -35,12 +32,13 @@ __all__ = [
     "add_position_embedding",
     "apply_rotary",
     "block_layout_attention",
-    "build_position_embedding",
+    "build_position_encoding",
     "check_indices",
     "gather_patches",
     "gather_tokens_with_positions",
     "grid_size",
     "index_checks",
+    "position_names",
     "sinusoidal_1d_positions",
     "sinusoidal_2d_grid",
 ]

@@ -7,8 +7,7 @@ import torch.nn as nn
 
 from ijepa.nn.attention import BlockLayout
 from ijepa.nn.checks import check_indices
-from ijepa.nn.position import PositionEncoding, build_position_embedding
-from ijepa.nn.video import build_video_position_embedding
+from ijepa.nn.position import PositionEncoding, build_position_encoding
 from ijepa.nn.vit import Transformer, init_vit_weights, rescale_residual_branches
 
 PREDICTOR_MODES = ("per_block", "one_pass")
@@ -54,7 +53,7 @@ class Predictor(nn.Module):
         pos_embed: str = "sincos",
         mode: str = "per_block",
         rescale_residuals: bool = True,
-        **video_pos_options,
+        pos_options: dict | None = None,
     ):
         super().__init__()
         if mode not in PREDICTOR_MODES:
@@ -64,12 +63,8 @@ class Predictor(nn.Module):
         self.embed_dim = embed_dim
         self.input_proj = nn.Linear(embed_dim, predictor_embed_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, predictor_embed_dim))
-        if isinstance(grid_size, int):
-            position = build_position_embedding(pos_embed, grid_size, grid_size, predictor_embed_dim, num_heads)
-        else:  # a video grid (T', H', W')
-            position = build_video_position_embedding(
-                pos_embed, tuple(grid_size), predictor_embed_dim, num_heads, **video_pos_options
-            )
+        grid = (grid_size, grid_size) if isinstance(grid_size, int) else tuple(grid_size)
+        position = build_position_encoding(pos_embed, grid, predictor_embed_dim, num_heads, pos_options)
         self.num_patches = position.num_positions
         self.transformer = Transformer(
             predictor_embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate
@@ -77,14 +72,13 @@ class Predictor(nn.Module):
         self.output_proj = nn.Linear(predictor_embed_dim, embed_dim)
         self.apply(init_vit_weights)
         nn.init.trunc_normal_(self.mask_token, std=0.02)
-        if mode == "one_pass" and type(position).after_block is not PositionEncoding.after_block:
+        if mode == "one_pass" and "after_block" in position.hooks():
             # e.g. PEG's convolution over the token grid would mix blocks that share positions.
             raise ValueError(
                 f"predictor mode 'one_pass' needs a position encoding that acts per token, not {pos_embed!r}; "
                 "use mode 'per_block' or another predictor_pos_embed."
             )
-        if hasattr(position, "reset_parameters"):
-            position.reset_parameters()
+        position.reset_parameters()
         if rescale_residuals:
             rescale_residual_branches(self.transformer.blocks)
 

@@ -10,7 +10,7 @@ import torch.nn as nn
 from ijepa.nn.attention import Attention, BlockLayout
 from ijepa.nn.checks import check_indices, check_positive
 from ijepa.nn.patch import PatchEmbed, gather_patches
-from ijepa.nn.position import AttentionPositions, PositionEncoding, build_position_embedding
+from ijepa.nn.position import AttentionPositions, PositionEncoding, build_position_encoding
 
 
 class MLP(nn.Module):
@@ -113,8 +113,7 @@ class Transformer(nn.Module):
         if not 1 <= count <= len(self.blocks):
             raise ValueError(f"count must be in 1..{len(self.blocks)} (the depth), got {count}.")
         tokens = self.position.add_to_tokens(tokens, indices)
-        times = {"frame_times": frame_times} if frame_times is not None and self.position.takes_frame_times else {}
-        positions = self.position.attention_positions(indices, **times)
+        positions = self.position.attention_positions(indices, frame_times)
         keep = None
         if token_mask is not None:
             if token_mask.shape != tokens.shape[:2]:
@@ -182,17 +181,17 @@ class VisionTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         pos_embed: str = "sincos",
         rescale_residuals: bool = True,
+        pos_options: dict | None = None,
     ):
         super().__init__()
         self.patch_embed = PatchEmbed(image_size, patch_size, in_channels, embed_dim)
         self.grid_size = self.patch_embed.grid_size
         self.num_patches = self.patch_embed.num_patches
         self.embed_dim = embed_dim
-        position = build_position_embedding(pos_embed, self.grid_size, self.grid_size, embed_dim, num_heads)
+        position = build_position_encoding(pos_embed, (self.grid_size,) * 2, embed_dim, num_heads, pos_options)
         self.transformer = Transformer(embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate)
         self.apply(init_vit_weights)
-        if hasattr(position, "reset_parameters"):
-            position.reset_parameters()
+        position.reset_parameters()
         if rescale_residuals:
             rescale_residual_branches(self.transformer.blocks)
 

@@ -2,12 +2,13 @@
 
 Train every type and seed (about 4.5 minutes each on 2 CPU cores)::
 
-    for seed in 0 1; do for pe in none learned learned_2d sincos rope_axial rope_mixed peg relative_bias; do
-      ijepa fit --config configs/quickstart.yaml --config configs/ablations/pos_$pe.yaml \\
+    for seed in 0 1; do for pe in $(python -m ijepa.studies.position_table --names); do
+      ijepa fit --config configs/quickstart.yaml --model.pos_embed $pe \\
           --seed_everything $seed --trainer.default_root_dir runs/pos_${pe}_s$seed --trainer.enable_progress_bar false
     done; done
 
-then ``python -m ijepa.studies.position_table runs`` prints one row per type: the final
+(``--names`` lists the image members of the registry), then
+``python -m ijepa.studies.position_table runs`` prints one row per type: the final
 ``train/loss`` (mean of the last 5 logged values), ``val/knn_top1`` at step 0 (random init) and at
 the last step, and the gain, each as the mean over seeds and half the range between them.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-TYPES = ("none", "learned", "learned_2d", "sincos", "rope_axial", "rope_mixed", "peg", "relative_bias")
+from ijepa.nn.position import position_names
 
 
 def run_summary(log_dir: Path) -> dict[str, float]:
@@ -48,8 +49,14 @@ def cell(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("root", help="folder holding pos_<type>_s<seed>/lightning_logs/version_*/")
+    parser.add_argument("root", nargs="?", help="folder holding pos_<type>_s<seed>/lightning_logs/version_*/")
+    parser.add_argument("--names", action="store_true", help="print the image members' names and exit")
     args = parser.parse_args(argv)
+    if args.names:
+        print(" ".join(position_names(2)))
+        return {}
+    if args.root is None:
+        parser.error("root is required (or --names)")
     rows: dict[str, list[dict[str, float]]] = defaultdict(list)
     for run in sorted(Path(args.root).glob("pos_*_s*")):
         match = re.fullmatch(r"pos_(.+)_s(\d+)", run.name)
@@ -66,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
         "| encoder `pos_embed` | seeds | final `train/loss` | `val/knn_top1` step 0 (%) | final (%) | gain (points) |"
     )
     print("|---|---|---|---|---|---|")
-    for name in [t for t in TYPES if t in rows]:
+    for name in [t for t in position_names(2) if t in rows]:
         runs = rows[name]
         print(
             f"| `{name}` | {len(runs)} | {cell([r['loss'] for r in runs], digits=4)} | "

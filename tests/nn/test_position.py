@@ -1,20 +1,20 @@
 import pytest
 import torch
 
-from ijepa.nn import (
-    POSITION_EMBEDDINGS,
-    FixedSinCos2DPositionEmbedding,
-    Learned2DPositionEmbedding,
-    build_position_embedding,
+from ijepa.nn import index_checks
+from ijepa.nn.position import (
+    POSITION_ENCODINGS,
+    LearnedPosition,
+    SincosPosition,
+    build_position_encoding,
     gather_tokens_with_positions,
-    index_checks,
     sinusoidal_1d_positions,
     sinusoidal_2d_grid,
 )
 
 
 def test_learned_lookup_and_full_grid():
-    pos = Learned2DPositionEmbedding(grid_height=4, grid_width=5, embed_dim=8)
+    pos = LearnedPosition((4, 5), embed_dim=8)
     indices = torch.tensor([[0, 7, 19], [3, 3, 12]])
     out = pos(indices)
     assert out.shape == (2, 3, 8)
@@ -27,14 +27,14 @@ def test_learned_lookup_and_full_grid():
 
 
 def test_learned_gets_gradient_only_at_used_rows():
-    pos = Learned2DPositionEmbedding(3, 3, 4)
+    pos = LearnedPosition((3, 3), 4)
     pos(torch.tensor([[1, 4]])).sum().backward()
     used = pos.embedding.weight.grad.abs().sum(1) > 0
     assert used.nonzero().flatten().tolist() == [1, 4]
 
 
 def test_index_range_errors():
-    for pos in (Learned2DPositionEmbedding(3, 3, 8), FixedSinCos2DPositionEmbedding(3, 3, 8)):
+    for pos in (LearnedPosition((3, 3), 8), SincosPosition((3, 3), 8)):
         with pytest.raises(ValueError, match=r"0\.\.8"):
             pos(torch.tensor([[0, 9]]))
         with pytest.raises(ValueError, match=r"\[B, K\]"):
@@ -42,7 +42,7 @@ def test_index_range_errors():
 
 
 def test_index_checks_can_be_disabled_for_hot_paths():
-    pos = Learned2DPositionEmbedding(3, 3, 8)
+    pos = LearnedPosition((3, 3), 8)
     with index_checks(False):
         pos(torch.tensor([[0, 8]]))  # in range: fine, no host sync needed
     with pytest.raises(ValueError):
@@ -97,7 +97,7 @@ def test_sincos_inner_product_is_separable():
 
 
 def test_sincos_module_is_float32_buffer_not_in_state_dict():
-    pos = FixedSinCos2DPositionEmbedding(4, 4, 16)
+    pos = SincosPosition((4, 4), 16)
     assert pos.embedding.dtype == torch.float32
     assert "embedding" not in pos.state_dict()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -106,7 +106,7 @@ def test_sincos_module_is_float32_buffer_not_in_state_dict():
 
 
 def test_gather_tokens_with_positions():
-    pos = Learned2DPositionEmbedding(4, 4, 8)
+    pos = LearnedPosition((4, 4), 8)
     tokens = torch.randn(2, 16, 8)
     indices = torch.tensor([[0, 5], [15, 2]])
     out = gather_tokens_with_positions(tokens, indices, pos)
@@ -114,9 +114,9 @@ def test_gather_tokens_with_positions():
 
 
 def test_registry_and_unknown_name():
-    assert {"none", "learned", "sincos"} <= set(POSITION_EMBEDDINGS)
+    assert {"none", "learned", "sincos"} <= set(POSITION_ENCODINGS)
     with pytest.raises(ValueError, match="valid names: .*learned.*sincos"):
-        build_position_embedding("alibi", 4, 4, 8)
-    none = build_position_embedding("none", 4, 4, 8)
+        build_position_encoding("bogus", (4, 4), 8)
+    none = build_position_encoding("none", (4, 4), 8)
     x = torch.randn(1, 3, 8)
     assert torch.equal(none.add_to_tokens(x, torch.tensor([[0, 1, 2]])), x)

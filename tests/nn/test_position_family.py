@@ -3,26 +3,51 @@
 import pytest
 import torch
 
-from ijepa.nn import Predictor, VisionTransformer, apply_rotary, build_position_embedding
+from ijepa.nn import Predictor, VisionTransformer, apply_rotary, build_position_encoding
 from ijepa.nn.position import (
-    POSITION_EMBEDDINGS,
-    AdditivePositionEmbedding,
-    PositionalConvolution,
-    RelativePositionBias,
-    RotaryAxial2DPositionEmbedding,
-    RotaryMixed2DPositionEmbedding,
+    POSITION_ENCODINGS,
+    AdditivePosition,
+    PegPosition,
+    PositionEncoding,
+    RelativeBiasPosition,
+    RopeAxialPosition,
+    RopeMixedPosition,
+    position_names,
 )
 
-ALL = sorted(POSITION_EMBEDDINGS)
+ALL = position_names(2)
 
 
-def test_family_is_complete():
-    assert set(ALL) == {"none", "learned", "learned_2d", "sincos", "rope_axial", "rope_mixed", "peg", "relative_bias"}
+def config_class_name(name: str) -> str:
+    return "".join(part.upper() if part[0].isdigit() else part.capitalize() for part in name.split("_")) + "Position"
+
+
+@pytest.mark.parametrize("name", list(POSITION_ENCODINGS))
+def test_every_member_is_registered_under_its_config_name_and_named_after_it(name):
+    cls = POSITION_ENCODINGS[name]
+    assert cls.name == name and cls.__name__ == config_class_name(name)  # rope_axial -> RopeAxialPosition
+    assert issubclass(cls, PositionEncoding) and cls.dims in (2, 3)
+    grid = (2, 4, 4)[-cls.dims :]
+    encoding = build_position_encoding(name, grid, 16, num_heads=2)
+    assert type(encoding) is cls and encoding.grid == grid and encoding.num_positions == 4 * 4 * (cls.dims - 1)
+    # its options are its own keyword arguments, with their defaults
+    for option, default in cls.options().items():
+        assert type(build_position_encoding(name, grid, 16, 2, {option: default})) is cls
+
+
+def test_building_a_member_checks_grid_rank_and_options():
+    with pytest.raises(ValueError, match=r"'mrope' works on clip grids \(T, H, W\), not on the grid \(4, 4\)"):
+        build_position_encoding("mrope", (4, 4), 16)
+    with pytest.raises(ValueError, match=r"unknown options \['temperature'\] for position encoding 'rope_axial'"):
+        build_position_encoding("rope_axial", (4, 4), 16, 1, {"temperature": 2.0})
+    with pytest.raises(ValueError, match="its options: none"):
+        build_position_encoding("learned", (4, 4), 16, 1, {"base": 2.0})
+    assert build_position_encoding("sincos", (4, 4), 16, 1, {"axis_order": "row_col"}).axis_order == "row_col"
 
 
 def test_parameter_counts_of_learned_tables():
-    learned = build_position_embedding("learned", 5, 7, 16)
-    factorized = build_position_embedding("learned_2d", 5, 7, 16)
+    learned = build_position_encoding("learned", (5, 7), 16)
+    factorized = build_position_encoding("learned_2d", (5, 7), 16)
     assert sum(p.numel() for p in learned.parameters()) == 5 * 7 * 16
     assert sum(p.numel() for p in factorized.parameters()) == (5 + 7) * 16
     # factorized: every position is row + column
@@ -40,10 +65,10 @@ def rotate_score(encoding, q, k, p1, p2):
     return (rq * rk).sum(-1).flatten()
 
 
-@pytest.mark.parametrize("cls", [RotaryAxial2DPositionEmbedding, RotaryMixed2DPositionEmbedding])
+@pytest.mark.parametrize("cls", [RopeAxialPosition, RopeMixedPosition])
 def test_rope_is_relative_and_norm_preserving(cls):
     g = 8
-    encoding = cls(g, g, 32, num_heads=2)
+    encoding = cls((g, g), 32, num_heads=2)
     q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
 
     def at(r, c):
@@ -62,7 +87,7 @@ def test_rope_is_relative_and_norm_preserving(cls):
 
 def test_axial_rope_row_and_column_effects_separate():
     g = 8
-    encoding = RotaryAxial2DPositionEmbedding(g, g, 16, num_heads=1)
+    encoding = RopeAxialPosition((g, g), 16, num_heads=1)
     angles = encoding.angles(torch.tensor([[0, 3, 2 * g]]))[0, 0]  # (0,0), (0,3), (2,0)
     quarter = 16 // 4
     # a column move rotates only the column pairs, a row move only the row pairs
@@ -75,7 +100,7 @@ def test_axial_rope_row_and_column_effects_separate():
 
 
 def test_rope_mixed_can_mix_axes():
-    encoding = RotaryMixed2DPositionEmbedding(4, 4, 16, num_heads=2)
+    encoding = RopeMixedPosition((4, 4), 16, num_heads=2)
     # a column step changes the angle of pairs that a row step also changes (diagonal frequencies)
     angles = encoding.angles(torch.tensor([[0, 1, 4]]))[0]
     col_step, row_step = angles[:, 1] - angles[:, 0], angles[:, 2] - angles[:, 0]
@@ -85,14 +110,14 @@ def test_rope_mixed_can_mix_axes():
 
 def test_rope_head_dim_errors():
     with pytest.raises(ValueError, match="rope_axial needs a head dimension divisible by 4"):
-        build_position_embedding("rope_axial", 4, 4, 24, num_heads=4)
+        build_position_encoding("rope_axial", (4, 4), 24, num_heads=4)
     with pytest.raises(ValueError, match="num_heads=5 must be a positive divisor"):
-        build_position_embedding("rope_mixed", 4, 4, 24, num_heads=5)
+        build_position_encoding("rope_mixed", (4, 4), 24, num_heads=5)
 
 
 def test_relative_bias_indexes_the_offset_table():
     g = 4
-    bias = RelativePositionBias(g, g, 8, num_heads=2)
+    bias = RelativeBiasPosition((g, g), 8, num_heads=2)
     indices = torch.tensor([[0, 5, 15]])  # (0,0), (1,1), (3,3)
     out = bias.attention_positions(indices).bias
     assert out.shape == (1, 2, 3, 3)
@@ -107,7 +132,7 @@ def test_relative_bias_indexes_the_offset_table():
 
 def test_peg_scatter_gather_matches_full_grid_convolution():
     g, d = 4, 8
-    peg = PositionalConvolution(g, g, d)
+    peg = PegPosition((g, g), d)
     tokens = torch.randn(2, 5, d)
     indices = torch.tensor([[0, 3, 6, 9, 15], [1, 2, 4, 8, 12]])
     grid = peg.scatter_to_grid(tokens, indices)
@@ -125,15 +150,15 @@ def test_peg_scatter_gather_matches_full_grid_convolution():
 
 @pytest.mark.parametrize("name", ALL)
 def test_positions_on_a_subset_equal_the_full_grid_restricted(name):
-    encoding = build_position_embedding(name, 4, 4, 16, num_heads=2)
+    encoding = build_position_encoding(name, (4, 4), 16, num_heads=2)
     subset = torch.tensor([[2, 7, 11, 13]])
     full = torch.arange(16)[None]
-    if isinstance(encoding, AdditivePositionEmbedding):
+    if isinstance(encoding, AdditivePosition):
         assert torch.allclose(encoding(subset), encoding(full)[:, subset[0]])
     if hasattr(encoding, "angles"):
         a_full = encoding.angles(full)
         assert torch.allclose(encoding.angles(subset), a_full[:, :, subset[0]])
-    if isinstance(encoding, RelativePositionBias):
+    if isinstance(encoding, RelativeBiasPosition):
         b_full = encoding.attention_positions(full).bias
         assert torch.equal(encoding.attention_positions(subset).bias, b_full[:, :, subset[0]][:, :, :, subset[0]])
 

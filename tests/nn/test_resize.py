@@ -8,9 +8,9 @@ from conftest import TINY_MODEL
 from ijepa.checkpoint import resize_state_dict
 from ijepa.module import IJEPA
 from ijepa.nn import (
-    POSITION_EMBEDDINGS,
     VisionTransformer,
-    build_position_embedding,
+    build_position_encoding,
+    position_names,
     sinusoidal_2d_grid,
 )
 from ijepa.nn.resize import (
@@ -90,8 +90,8 @@ def test_interpolation_rejects_bad_input():
 
 # --- per-type tables ----------------------------------------------------------------------------------
 def test_learned_2d_resizes_per_axis_and_stays_a_sum():
-    old = build_position_embedding("learned_2d", 4, 5, 8)
-    new = build_position_embedding("learned_2d", 6, 3, 8)
+    old = build_position_encoding("learned_2d", (4, 5), 8)
+    new = build_position_encoding("learned_2d", (6, 3), 8)
     state = old.state_dict()
     for key, resizer in new.state_resizers((4, 5)).items():
         state[key] = resizer(state[key])
@@ -111,7 +111,7 @@ def test_relative_bias_table_resizes_over_the_new_offset_range():
     table = torch.stack([dr.flatten(), dc.flatten()], dim=1)
     out = interpolate_relative_bias_table(table, (old_h, old_w), (new_h, new_w), mode="bilinear")
     assert out.shape == ((2 * new_h - 1) * (2 * new_w - 1), heads)
-    module = build_position_embedding("relative_bias", new_h, new_w, 8, num_heads=heads)
+    module = build_position_encoding("relative_bias", (new_h, new_w), 8, num_heads=heads)
     with torch.no_grad():
         module.table.copy_(out)
     # the bias between the two grid corners has the extreme offsets, which map to the old extremes
@@ -164,7 +164,7 @@ def test_sincos_and_rope_are_rebuilt_for_the_new_grid():
     torch.testing.assert_close(angles[0, 0, -1, quarter:], 5 * rope.freqs)  # last column is 5
 
 
-@pytest.mark.parametrize("pos_embed", sorted(POSITION_EMBEDDINGS))
+@pytest.mark.parametrize("pos_embed", position_names(2))
 def test_checkpoint_from_another_image_and_patch_size_loads_for_every_type(pos_embed):
     old = IJEPA(**{**TINY_MODEL, "pos_embed": pos_embed, "predictor_pos_embed": pos_embed})
     checkpoint = {"state_dict": old.state_dict(), "hyper_parameters": dict(old.hparams)}

@@ -5,13 +5,8 @@ import torch
 from conftest import ROOT
 
 from ijepa.nn.attention import apply_rotary
-from ijepa.nn.video import (
-    FixedSinCos3DPositionEmbedding,
-    Learned3DPositionEmbedding,
-    MultimodalRotaryPositionEmbedding,
-    TubeletEmbed,
-    mrope_sections,
-)
+from ijepa.nn.position import Learned3DPosition, MropePosition, Sincos3DPosition, mrope_sections
+from ijepa.nn.video import TubeletEmbed
 
 
 def index(t, r, c, grid):
@@ -35,7 +30,7 @@ def test_tubelet_tokens_are_row_major_over_time_rows_columns():
 
 
 def test_sincos_3d_inner_products_depend_only_on_offsets():
-    position = FixedSinCos3DPositionEmbedding(4, 5, 5, 64)
+    position = Sincos3DPosition((4, 5, 5), 64)
     table = position.table()
     grid = (4, 5, 5)
     gram = table @ table.T
@@ -53,7 +48,7 @@ def test_sincos_3d_inner_products_depend_only_on_offsets():
 
 
 def test_learned_3d_table_is_looked_up_at_the_indices():
-    position = Learned3DPositionEmbedding(2, 3, 3, 16)
+    position = Learned3DPosition((2, 3, 3), 16)
     indices = torch.tensor([[0, 17, 9]])
     torch.testing.assert_close(position(indices)[0], position.table()[[0, 17, 9]])
     with pytest.raises(ValueError, match=r"valid patch indices are 0\.\.17"):
@@ -68,7 +63,7 @@ def rope_1d_angles(positions, head_dim, base=10_000.0):
 
 def test_mrope_with_equal_t_h_w_is_1d_rope():
     # The seed's claim: setting t = h = w makes M-RoPE numerically identical to 1-D RoPE.
-    position = MultimodalRotaryPositionEmbedding(6, 6, 6, embed_dim=64, num_heads=2)
+    position = MropePosition((6, 6, 6), embed_dim=64, num_heads=2)
     p = torch.arange(6)
     diagonal = (p * 6 + p) * 6 + p  # tokens (p, p, p)
     torch.testing.assert_close(position.angles(diagonal[None])[0, 0], rope_1d_angles(p, 32))
@@ -89,7 +84,7 @@ def score(position, q, k, q_index, k_index, frame_times=None):
 
 
 def test_mrope_relativity_holds_per_axis():
-    position = MultimodalRotaryPositionEmbedding(5, 5, 5, embed_dim=48, num_heads=2, sections=(4, 4, 4))
+    position = MropePosition((5, 5, 5), embed_dim=48, num_heads=2, sections=(4, 4, 4))
     generator = torch.Generator().manual_seed(0)
     q, k = torch.randn(24, generator=generator), torch.randn(24, generator=generator)
     grid = (5, 5, 5)
@@ -108,28 +103,27 @@ def test_mrope_relativity_holds_per_axis():
 def test_mrope_timestamps_align_clips_at_two_frame_rates():
     # The same motion filmed at 10 and at 5 frames per second: 0.2 s after the first frame is
     # frame 2 of the first clip and frame 1 of the second.
-    position = MultimodalRotaryPositionEmbedding(4, 2, 2, embed_dim=32, num_heads=1, sections=(8, 4, 4), time_unit=0.1)
+    # (times in temporal-position units: the model divides seconds by time_unit = 0.1 s)
+    position = MropePosition((4, 2, 2), embed_dim=32, num_heads=1, sections=(8, 4, 4))
     generator = torch.Generator().manual_seed(1)
     q, k = torch.randn(32, generator=generator), torch.randn(32, generator=generator)
     grid = (4, 2, 2)
-    fast = torch.tensor([[0.0, 0.1, 0.2, 0.3]])
-    slow = torch.tensor([[0.0, 0.2, 0.4, 0.6]])
+    fast = torch.tensor([[0.0, 0.1, 0.2, 0.3]]) / 0.1
+    slow = torch.tensor([[0.0, 0.2, 0.4, 0.6]]) / 0.1
     by_time_fast = score(position, q, k, index(2, 0, 0, grid), index(0, 0, 0, grid), fast)
     by_time_slow = score(position, q, k, index(1, 0, 0, grid), index(0, 0, 0, grid), slow)
     assert abs(by_time_fast - by_time_slow) < 1e-4  # same elapsed time, same relative rotation
     by_index_fast = score(position, q, k, index(2, 0, 0, grid), index(0, 0, 0, grid))
     by_index_slow = score(position, q, k, index(1, 0, 0, grid), index(0, 0, 0, grid))
     assert abs(by_index_fast - by_index_slow) > 1e-3  # frame indices would not align them
-    coords = position.coordinates(torch.tensor([[index(3, 1, 0, grid)]]), slow)
+    coords = position.token_coordinates(torch.tensor([[index(3, 1, 0, grid)]]), slow)
     torch.testing.assert_close(coords, torch.tensor([[[6.0, 1.0, 0.0]]]))  # 0.6 s / 0.1 s
 
 
 def test_mrope_errors_name_the_parameter():
     with pytest.raises(ValueError, match=r"sections must be 3 non-negative pair counts summing to head_dim / 2 = 16"):
-        MultimodalRotaryPositionEmbedding(2, 2, 2, 64, 2, sections=(4, 4, 4))
-    with pytest.raises(ValueError, match="time_unit must be > 0"):
-        MultimodalRotaryPositionEmbedding(2, 2, 2, 64, 2, time_unit=0)
-    position = MultimodalRotaryPositionEmbedding(2, 2, 2, 64, 2)
+        MropePosition((2, 2, 2), 64, 2, sections=(4, 4, 4))
+    position = MropePosition((2, 2, 2), 64, 2)
     with pytest.raises(ValueError, match=r"frame_times must be \[B, 2\]"):
         position.angles(torch.tensor([[0, 1]]), torch.zeros(1, 3))
 
@@ -200,7 +194,10 @@ def test_video_encoder_on_gathered_tokens(pos_embed):
         times = torch.tensor([[0.0, 1.0], [0.0, 1.0]])
         with torch.no_grad():
             assert not torch.allclose(encoder(clips, indices, times * 3), encoder(clips, indices, times), atol=1e-5)
-    with pytest.raises(ValueError, match="video pos_embed must be one of"):
+    with pytest.raises(
+        ValueError,
+        match=r"position encoding .sincos. works on image grids \(H, W\), not on the grid \(2, 2, 2\); members for this grid: learned_3d, sincos_3d, mrope",
+    ):
         VideoVisionTransformer(num_frames=4, image_size=16, pos_embed="sincos")
 
 
@@ -386,7 +383,7 @@ def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
     # Per-frame times reach M-RoPE as one time per tubelet (its first frame's), in units of
     # time_unit: a 5 fps clip's tokens are 0.4 s apart, not 0.2 s, and the features change;
     # shifting all times does not.
-    assert model.encoder.position.time_unit == model.predictor.transformer.position.time_unit == 0.2
+    torch.testing.assert_close(model.token_times(frame_times)["frame_times"], torch.tensor([[0.0, 1.0]]).expand(8, -1))
     with torch.no_grad():
         at_10fps = model(clips, frame_times)
         shifted = (model(clips, frame_times + 7.0) - at_10fps).abs().max()
@@ -399,6 +396,8 @@ def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
         assert shifted < 1e-4 and slowed > 100 * shifted, (shifted, slowed)
     with pytest.raises(ValueError, match=r"frame_times must be \[B, T\] with T a multiple of tubelet_size=2"):
         model(clips, frame_times[:, :3])
+    with pytest.raises(ValueError, match=r"time_unit must be > 0"):
+        IJEPA(image_size=16, patch_size=4, num_frames=4, pos_embed="mrope", predictor_pos_embed="mrope", time_unit=0)
 
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, max_steps=0)
     trainer.strategy.connect(model)
