@@ -9,6 +9,8 @@ import torch
 from conftest import TINY_CONFIG
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from ijepa.data.sources import ShapesSource
+
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
 
 CONFIG = TINY_CONFIG
@@ -89,9 +91,9 @@ def test_fit_and_validate_on_stl10_binary_layout(tmp_path):
 
     write_stl10(tmp_path / "data")
     stl_args = [
-        "--data.dataset=stl10",
-        f"--data.root={tmp_path / 'data'}",
-        "--data.download=false",
+        "--data.source=ijepa.data.STL10Source",
+        f"--data.source.root={tmp_path / 'data'}",
+        "--data.source.download=false",
         "--data.image_size=96",
         "--data.batch_size=10",
         "--data.min_keep=4",
@@ -127,7 +129,7 @@ def test_test_and_predict_from_checkpoint(fitted_run):
     from ijepa.data import IJEPADataModule
 
     data = IJEPADataModule(
-        dataset="shapes", image_size=32, patch_size=8, num_workers=0, shapes_train_size=640, shapes_val_size=160
+        source=ShapesSource(train_size=640, val_size=160), image_size=32, patch_size=8, num_workers=0
     )
     data.setup("predict")
     assert labels.tolist() == torch.cat([batch["labels"] for batch in data.predict_dataloader()]).tolist()
@@ -154,14 +156,12 @@ def test_sigreg_keeps_the_features_from_collapsing_dimensionally(tmp_path):
     from ijepa.module import IJEPA
 
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=640, val_size=160),
         image_size=32,
         patch_size=8,
         batch_size=32,
         num_workers=0,
         crop_scale=None,
-        shapes_train_size=640,
-        shapes_val_size=160,
     )
     data.setup("fit")
     images = torch.cat([batch["images"] for batch in data.knn_test_dataloader()])

@@ -12,11 +12,12 @@ from conftest import TESTS
 
 from ijepa.callbacks import KNNProbe
 from ijepa.data import IJEPADataModule
+from ijepa.data.sources import ShapesSource
 from ijepa.module import IJEPA
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
 
-DATA = ["--data.shapes_train_size=192", "--data.shapes_val_size=64", "--data.batch_size=32"]
+DATA = ["--data.source.train_size=192", "--data.source.val_size=64", "--data.batch_size=32"]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_knn_probe_gathers_from_every_rank_and_matches_one_process(ddp_run, tmp_
     assert report["encoded_per_rank"] == [3 * 128, 3 * 128]
     model = IJEPA.load_from_checkpoint(cwd / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=192, val_size=64),
         image_size=32,
         patch_size=8,
         batch_size=32,
@@ -71,8 +72,6 @@ def test_knn_probe_gathers_from_every_rank_and_matches_one_process(ddp_run, tmp_
         crop_scale=None,
         target_scale=(0.1, 0.15),
         min_keep=2,
-        shapes_train_size=192,
-        shapes_val_size=64,
     )
     trainer = L.Trainer(
         callbacks=[KNNProbe()],

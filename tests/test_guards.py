@@ -8,6 +8,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from test_module import random_loader
 
 from ijepa.callbacks import CollapseMonitor, EMATargetUpdate, feature_std, rankme
+from ijepa.data.sources import ShapesSource
 from ijepa.module import IJEPA
 
 
@@ -156,7 +157,7 @@ def test_collapse_monitor_logs_the_random_init_reference_at_step_0(tmp_path):
     from ijepa.data import IJEPADataModule
 
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=32, val_size=32),
         image_size=32,
         patch_size=8,
         batch_size=16,
@@ -164,8 +165,6 @@ def test_collapse_monitor_logs_the_random_init_reference_at_step_0(tmp_path):
         crop_scale=None,
         target_scale=(0.1, 0.15),
         min_keep=2,
-        shapes_train_size=32,
-        shapes_val_size=32,
     )
     logger = CSVLogger(tmp_path)
     trainer = L.Trainer(

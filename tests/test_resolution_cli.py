@@ -21,7 +21,7 @@ from ijepa.nn import position_names
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
 
 CONFIG = str(TINY_CONFIG)
-SMALL_DATA = ["--data.shapes_train_size=96", "--data.shapes_val_size=40", "--trainer.max_steps=2"]
+SMALL_DATA = ["--data.source.train_size=96", "--data.source.val_size=40", "--trainer.max_steps=2"]
 
 
 def run(*args):

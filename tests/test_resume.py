@@ -8,6 +8,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ijepa.callbacks import EMATargetUpdate
 from ijepa.data import IJEPADataModule
+from ijepa.data.sources import ShapesSource
 from ijepa.module import IJEPA
 
 STOP_AT = 7  # 5 batches per epoch: the run stops inside epoch 1, resumes there and crosses into epoch 2
@@ -42,7 +43,7 @@ def make(tmp_path, recorder, num_workers=0):
     L.seed_everything(0)
     model = IJEPA(**TINY_MODEL, warmup_steps=2, drop_path_rate=0.1)
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=80, val_size=20),
         image_size=32,
         patch_size=8,
         batch_size=16,
@@ -51,8 +52,6 @@ def make(tmp_path, recorder, num_workers=0):
         horizontal_flip=True,
         target_scale=(0.1, 0.15),
         min_keep=2,
-        shapes_train_size=80,
-        shapes_val_size=20,
     )
     trainer = L.Trainer(
         max_steps=MAX_STEPS,

@@ -60,7 +60,7 @@ def test_configuration_reference_matches_the_cli():
 
     documented = (ROOT / "docs" / "configuration.md").read_text()
     assert documented == reference(), "regenerate: python -m ijepa.studies.config_reference > docs/configuration.md"
-    assert "| `model.pos_embed` |" in documented and "| `data.bad_images` |" in documented
+    assert "| `model.pos_embed` |" in documented and "| `ImageFolderSource.bad_images` |" in documented
 
 
 def test_position_table_leaves_out_unfinished_runs(tmp_path, capsys):
@@ -119,7 +119,7 @@ def test_learning_commands_undo_every_lever_for_plain():
     assert f"--config={PLAIN}" in command and "--seed_everything=2" in command
     assert all(VARIANTS[v][0] == f"--config={PLAIN}" for v in VARIANTS)  # each lever alone, on plain
     digits = run_command("plain", 0, Path("runs"), "digits", "configs/quickstart.yaml", Path("/data/digits"))
-    assert "--data.root=/data/digits" in digits and "--data.dataset=imagefolder" in digits
+    assert "--data.source.root=/data/digits" in digits and "--data.source=ijepa.data.ImageFolderSource" in digits
 
 
 def test_mask_coverage_study_matches_the_placements_it_compares():
@@ -166,8 +166,13 @@ def test_every_documented_option_parses_and_every_linked_one_is_refused():
             value = "null"
         elif value.startswith("("):  # a Python tuple's repr -> YAML's list
             value = "[" + value.strip("(),") + "]"
-        parsed = parser.parse_args([f"--{option}={value}"])  # a parse error exits
         section, key = option.split(".")
+        if section.endswith("Source"):  # a data source's own option, once that source is chosen
+            parsed = parser.parse_args([f"--data.source=ijepa.data.{section}", f"--data.source.{key}={value}"])
+            assert parsed["data"]["source"]["class_path"].endswith(section), option
+            assert parsed["data"]["source"]["init_args"][key] is not None or value == "null", option
+            continue
+        parsed = parser.parse_args([f"--{option}={value}"])  # a parse error exits
         assert parsed[section][key] is not None or value == "null", option
     for target in targets:
         with pytest.raises(SystemExit):

@@ -31,7 +31,7 @@ def _():
 def _(configs, mo, torch):
     config = mo.ui.text(value=str(configs / "quickstart.yaml"), label="config", full_width=True)
     overrides = mo.ui.text(
-        value="--data.shapes_train_size=64 --data.shapes_val_size=64 --data.num_workers=0",
+        value="--data.source.train_size=64 --data.source.val_size=64 --data.num_workers=0",
         label="overrides",
         full_width=True,
     )

@@ -47,8 +47,8 @@ def _():
 def _(configs, mo):
     config = mo.ui.text(value=str(configs / "quickstart.yaml"), label="config", full_width=True)
     overrides = mo.ui.text(
-        value="--data.shapes_train_size=64 --data.shapes_val_size=64 --data.num_workers=0",
-        label="overrides (e.g. --data.root=/data for STL-10)",
+        value="--data.source.train_size=64 --data.source.val_size=64 --data.num_workers=0",
+        label="overrides (e.g. --data.source.root=/data for STL-10)",
         full_width=True,
     )
     mo.vstack([config, overrides])
@@ -63,7 +63,7 @@ def _(config, instantiate, mo, overrides):
     hp = datamodule.hparams
     grid_size = hp.image_size // hp.patch_size
     mo.md(
-        f"`{hp.dataset}`: {len(dataset)} held-out images of {hp.image_size} px, patch {hp.patch_size}, "
+        f"`{type(datamodule.source).__name__}`: {len(dataset)} held-out images of {hp.image_size} px, patch {hp.patch_size}, "
         f"grid {grid_size}x{grid_size} = {grid_size**2} patches"
     )
     return dataset, grid_size, hp

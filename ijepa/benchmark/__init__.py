@@ -40,8 +40,17 @@ from ijepa.callbacks.knn import knn_scores
 from ijepa.cli import instantiate
 from ijepa.data.collate import MaskCollator
 from ijepa.data.sampling import SeededSamples
+from ijepa.data.sources import DataSource, ShapesSource, STL10Source
 
-KNN_SIZES = {"stl10": (5000, 8000), "imagefolder": (5000, 1000)}
+
+def probe_sizes(source: DataSource) -> tuple[int, int]:
+    """The probes' bank and query counts for ``source``: generated shapes know theirs, STL-10's
+    are 5,000 and 8,000, anything else is timed at an assumed 5,000 and 1,000."""
+    if isinstance(source, ShapesSource):
+        return source.train_size, source.val_size
+    if isinstance(source, STL10Source):
+        return 5000, 8000
+    return 5000, 1000
 
 
 def _sync(device: torch.device) -> None:
@@ -279,7 +288,7 @@ def run(args: argparse.Namespace) -> dict:
 
     # --- k-NN probe -------------------------------------------------------------------------------
     if args.knn:
-        bank, queries = (hp.shapes_train_size, hp.shapes_val_size) if hp.dataset == "shapes" else KNN_SIZES[hp.dataset]
+        bank, queries = probe_sizes(datamodule.source)
         if args.knn_limit:
             bank, queries = min(bank, args.knn_limit), min(queries, args.knn_limit)
         model.eval()

@@ -13,7 +13,7 @@ loop, the EMA callback, checkpointing) with validation and the evaluation callba
 
 If the data wait is a small fraction of the total, data loading and mask sampling are not the
 bottleneck. Prints one line and ``FITLOOP {json}``. Any ``--model.*``, ``--data.*`` or
-``--trainer.*`` override goes to the CLI (e.g. ``--data.dataset=shapes`` where STL-10 is absent).
+``--trainer.*`` override goes to the CLI (e.g. ``--data.source=ijepa.data.ShapesSource`` where STL-10 is absent).
 """
 
 from __future__ import annotations

@@ -204,8 +204,8 @@ class Probe(Callback):
                 names = ", ".join(type(probe).__name__ for probe in probes)
                 rank_zero_warn(
                     f"{names} skipped: the data is unlabelled (num_classes={num_classes}; a probe needs at least two "
-                    f"classes). For probe metrics give data.root one sub-folder per class, or point data.probe_root at "
-                    f"a labelled folder (class sub-folders) that only the probes use."
+                    f"classes). For probe metrics give data.source.root one sub-folder per class, or set data.probe_source "
+                    f"to a labelled source (e.g. an ImageFolderSource with class sub-folders) that only the probes use."
                 )
         return True
 

@@ -59,7 +59,7 @@ class RobustImageFolder(datasets.ImageFolder):
     ``bad_images="error"`` raises ``ValueError`` naming the file (and the option); ``"skip"``
     warns once per file, counts it in ``skipped`` (per process), and returns the next readable
     image instead, so a batch never comes up short. An empty folder raises ``FileNotFoundError``
-    naming ``data.root``.
+    naming ``data.source.root``.
 
     ``class_to_idx`` numbers the classes by another split's index (see :func:`find_classes`): a
     held-out split built with the training split's index labels a class as training does, even
@@ -79,7 +79,7 @@ class RobustImageFolder(datasets.ImageFolder):
             super().__init__(root, transform=transform, loader=load_rgb, allow_empty=class_to_idx is not None)
         except FileNotFoundError as error:  # no images at all, or class folders without images
             raise FileNotFoundError(
-                f"no images under data.root={root!r}: expected image files "
+                f"no images under data.source.root={root!r}: expected image files "
                 f"({', '.join(sorted(datasets.folder.IMG_EXTENSIONS))}), in one sub-folder per class or "
                 f"directly in the folder (unlabelled); torchvision said: {error}"
             ) from error
@@ -120,7 +120,7 @@ class RobustImageFolder(datasets.ImageFolder):
                 if self.bad_images == "error":
                     raise ValueError(
                         f"unreadable image {path} ({type(error).__name__}: {error}); remove it, or set "
-                        f"data.bad_images=skip to skip unreadable files with a warning."
+                        f"data.source.bad_images=skip to skip unreadable files with a warning."
                     ) from error
                 if path not in self.skipped:
                     self.skipped.add(path)

@@ -33,7 +33,7 @@ def _import_av():
         import av
     except ImportError as error:  # the optional extra
         raise ImportError(
-            "dataset 'videofolder' decodes with PyAV: pip install av (in a clone: pip install -e '.[video]')."
+            "VideoFolderSource decodes with PyAV: pip install av (in a clone: pip install -e '.[video]')."
         ) from error
     return av
 
@@ -62,7 +62,7 @@ def find_videos(
         ]
     if not samples:
         raise FileNotFoundError(
-            f"no videos under data.root={str(root)!r}: expected video files ({', '.join(VIDEO_EXTENSIONS)}), "
+            f"no videos under data.source.root={str(root)!r}: expected video files ({', '.join(VIDEO_EXTENSIONS)}), "
             f"in one sub-folder per class or directly in the folder (unlabelled)."
         )
     return samples, classes, class_to_idx
@@ -91,7 +91,7 @@ def decode_clip(
             span = (num_frames - 1) / fps
         else:
             if native_fps is None:
-                raise ValueError(f"{path}: no frame rate in the stream; set data.clip_fps to sample by time.")
+                raise ValueError(f"{path}: no frame rate in the stream; set data.source.fps to sample by time.")
             span = (num_frames - 1) * frame_stride / native_fps
         room = max(0.0, duration - span) if duration is not None else 0.0
         start_time = room * (torch.rand(()).item() if start == "random" else 0.5)
@@ -173,9 +173,9 @@ class VideoFolderClips(Dataset):
         if num_frames < 1:
             raise ValueError(f"num_frames must be >= 1, got {num_frames}.")
         if fps is not None and not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
-            raise ValueError(f"fps (data.clip_fps) must be a positive number or null, got {fps!r}.")
+            raise ValueError(f"fps (data.source.fps) must be a positive number or null, got {fps!r}.")
         if isinstance(frame_stride, bool) or not isinstance(frame_stride, int) or frame_stride < 1:
-            raise ValueError(f"frame_stride (data.frame_stride) must be an int >= 1, got {frame_stride!r}.")
+            raise ValueError(f"frame_stride (data.source.frame_stride) must be an int >= 1, got {frame_stride!r}.")
         if start not in CLIP_STARTS:
             raise ValueError(f"start must be one of {CLIP_STARTS}, got {start!r}.")
         _import_av()
@@ -205,7 +205,7 @@ class VideoFolderClips(Dataset):
             raise
         except Exception as error:  # PyAV raises its own error types for unreadable files
             raise ValueError(
-                f"unreadable video {path} ({type(error).__name__}: {error}); remove it from data.root."
+                f"unreadable video {path} ({type(error).__name__}: {error}); remove it from data.source.root."
             ) from error
         # One tv_tensors.Video: v2 draws a crop once and applies it to every frame.
         from torchvision import tv_tensors

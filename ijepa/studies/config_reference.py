@@ -8,10 +8,27 @@ with the code, so the reference always matches ``ijepa fit --help``.
 
 from __future__ import annotations
 
+import inspect
 import re
 from unittest import mock
 
 from ijepa.cli import LINKS, build_cli
+from ijepa.data.sources import (
+    DataSource,
+    ImageFolderSource,
+    MovingShapesSource,
+    ShapesSource,
+    STL10Source,
+    VideoFolderSource,
+)
+
+SOURCES: tuple[type[DataSource], ...] = (
+    STL10Source,
+    ImageFolderSource,
+    ShapesSource,
+    MovingShapesSource,
+    VideoFolderSource,
+)
 
 HEADER = """# Configuration reference
 
@@ -28,6 +45,58 @@ def _type_name(action) -> str:
     text = getattr(kind, "__name__", None) if not hasattr(kind, "__args__") else None
     text = text or str(kind)
     return re.sub(r"\b(typing|builtins)\.", "", text).replace("NoneType", "None")
+
+
+def argument_docs(cls: type) -> dict[str, str]:
+    """``{name: text}`` from the ``Args:`` section of ``cls``'s docstring."""
+    docs: dict[str, str] = {}
+    name = None
+    in_args = False
+    for line in inspect.getdoc(cls).splitlines():
+        if line.strip() == "Args:":
+            in_args = True
+            continue
+        if not in_args:
+            continue
+        match = re.match(r"^    (\w+): (.*)$", line)
+        if match:
+            name = match.group(1)
+            docs[name] = match.group(2)
+        elif line.startswith("        ") and name:
+            docs[name] += " " + line.strip()
+        elif line.strip():
+            break
+    return docs
+
+
+def source_sections() -> list[str]:
+    """One table per data source: its own options (``data.source.<option>`` once chosen)."""
+    out = [
+        "## Data sources (`data.source`, `data.probe_source`)",
+        "",
+        "Chosen by `class_path` (`ijepa.data.<Source>`); each owns the options below, set under",
+        "`init_args` in YAML or as `--data.source.<option>` after `--data.source=<Source>`.",
+        "",
+    ]
+    for cls in SOURCES:
+        docs = argument_docs(cls)
+        summary = " ".join(inspect.getdoc(cls).split("\n\n")[0].split()).replace("|", "\\|")
+        out += [
+            f"### `{cls.__name__}`",
+            "",
+            summary,
+            "",
+            "| option | type | default | description |",
+            "|---|---|---|---|",
+        ]
+        for name, parameter in inspect.signature(cls.__init__).parameters.items():
+            if name == "self":
+                continue
+            kind = re.sub(r"\b(typing|builtins)\.", "", str(parameter.annotation)).replace("NoneType", "None")
+            text = " ".join(docs.get(name, "").split()).replace("|", "\\|")
+            out.append(f"| `{cls.__name__}.{name}` | `{kind}` | `{parameter.default!r}` | {text} |")
+        out.append("")
+    return out
 
 
 def reference() -> str:
@@ -58,6 +127,7 @@ def reference() -> str:
             *sorted(sections[prefix]),
             "",
         ]
+    out += source_sections()
     return "\n".join(out)
 
 

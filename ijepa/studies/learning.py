@@ -65,10 +65,14 @@ VARIANTS: dict[str, list[str]] = {
 
 DATA: dict[str, list[str]] = {
     "shapes": [],
-    "shapes_sizes": ["--data.shapes_num_objects=[1,1]", "--data.shapes_radius=[0.08,0.3]"],
+    "shapes_sizes": ["--data.source.num_objects=[1,1]", "--data.source.radius=[0.08,0.3]"],
     # 1,437 training images: 12 steps an epoch at batch 128; validate (and probe: the quickstart's
     # probes run every 6th epoch) every 12 epochs.
-    "digits": ["--data.dataset=imagefolder", "--data.root={digits}", "--trainer.check_val_every_n_epoch=12"],
+    "digits": [
+        "--data.source=ijepa.data.ImageFolderSource",
+        "--data.source.root={digits}",
+        "--trainer.check_val_every_n_epoch=12",
+    ],
 }
 
 

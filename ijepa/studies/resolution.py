@@ -26,6 +26,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from ijepa.callbacks.knn import knn_scores
 from ijepa.callbacks.probe import extract_features
 from ijepa.data.datamodule import IJEPADataModule
+from ijepa.data.sources import source_from_config
 from ijepa.module import IJEPA
 from ijepa.nn.resize import resize_patch, resize_patch_embed_kernel
 
@@ -89,6 +90,10 @@ def main(argv: list[str] | None = None) -> dict:
     data_hparams = {
         k: v for k, v in next(iter(saved.values()))["datamodule_hyper_parameters"].items() if not k.startswith("_")
     }
+    # checkpoints keep the sources as plain values (class path and options): rebuild the objects
+    for key in ("source", "probe_source"):
+        if data_hparams.get(key) is not None:
+            data_hparams[key] = source_from_config(data_hparams[key])
     train_size = data_hparams["image_size"]
     results: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for image_size in args.image_sizes:

@@ -10,6 +10,7 @@ from conftest import TINY_MODEL
 
 from ijepa.callbacks import AttentiveProbe, train_attentive_classifier, train_linear_classifier
 from ijepa.data import IJEPADataModule
+from ijepa.data.sources import ShapesSource
 from ijepa.module import IJEPA
 
 
@@ -51,7 +52,7 @@ def test_probe_runs_at_start_and_end_of_fit_and_in_test(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=64, val_size=64),
         image_size=32,
         patch_size=8,
         batch_size=32,
@@ -59,8 +60,6 @@ def test_probe_runs_at_start_and_end_of_fit_and_in_test(tmp_path):
         crop_scale=None,
         target_scale=(0.1, 0.15),
         min_keep=2,
-        shapes_train_size=64,
-        shapes_val_size=64,
     )
     logger = CSVLogger(tmp_path)
     trainer = L.Trainer(
@@ -107,7 +106,7 @@ def test_bad_arguments(kwargs, match):
 
 def test_heads_must_divide_the_encoder_width(tmp_path):
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=64, val_size=64),
         image_size=32,
         patch_size=8,
         batch_size=32,
@@ -115,8 +114,6 @@ def test_heads_must_divide_the_encoder_width(tmp_path):
         crop_scale=None,
         target_scale=(0.1, 0.15),
         min_keep=2,
-        shapes_train_size=64,
-        shapes_val_size=64,
     )
     with pytest.raises(ValueError, match="AttentiveProbe num_heads must divide the encoder width 32, got 3"):
         L.Trainer(

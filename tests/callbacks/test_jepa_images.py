@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ijepa.callbacks import JEPAImages, position_loss_map
 from ijepa.data import IJEPADataModule
+from ijepa.data.sources import MovingShapesSource, ShapesSource
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
 from ijepa.pictures import CONTEXT_COLOUR, TARGET_COLOURS, clip_mask_overlay, mask_overlay
@@ -47,7 +48,7 @@ def test_loss_map_sums_back_to_the_loss():
 
 def test_callback_logs_images_and_histograms(tmp_path):
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=40, val_size=32),
         image_size=32,
         patch_size=8,
         batch_size=16,
@@ -55,8 +56,6 @@ def test_callback_logs_images_and_histograms(tmp_path):
         crop_scale=None,
         target_scale=(0.1, 0.15),
         min_keep=2,
-        shapes_train_size=40,
-        shapes_val_size=32,
     )
     logger = TensorBoardLogger(tmp_path, name="", version=0)
     trainer = L.Trainer(
@@ -105,7 +104,7 @@ def test_callbacks_log_clip_pictures(tmp_path):
     from ijepa.callbacks import PositionSimilarityImages
 
     data = IJEPADataModule(
-        dataset="moving_shapes",
+        source=MovingShapesSource(train_size=16, val_size=8, fps=10.0),
         num_frames=4,
         tubelet_size=2,
         image_size=16,
@@ -113,10 +112,7 @@ def test_callbacks_log_clip_pictures(tmp_path):
         batch_size=8,
         num_workers=0,
         crop_scale=None,
-        shapes_train_size=16,
-        shapes_val_size=8,
         target_scale=(0.1, 0.15),
-        clip_fps=10.0,
     )
     clip_model = dict(
         image_size=16,

@@ -7,6 +7,7 @@ from conftest import TINY_MODEL
 
 from ijepa.callbacks import LinearProbe, train_linear_classifier
 from ijepa.data import IJEPADataModule
+from ijepa.data.sources import ShapesSource
 from ijepa.module import IJEPA
 
 CENTRES = torch.randn(5, 16, generator=torch.Generator().manual_seed(0)) * 3
@@ -39,7 +40,7 @@ def test_shuffled_labels_give_chance_on_held_out_data():
 
 def test_probe_callback_reports_val_linear_top1(tmp_path):
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=200, val_size=100),
         image_size=32,
         patch_size=8,
         batch_size=32,
@@ -47,8 +48,6 @@ def test_probe_callback_reports_val_linear_top1(tmp_path):
         crop_scale=None,
         target_scale=(0.1, 0.15),
         min_keep=2,
-        shapes_train_size=200,
-        shapes_val_size=100,
     )
     trainer = L.Trainer(
         callbacks=[LinearProbe(max_iter=50)],
@@ -97,7 +96,7 @@ def test_probe_runs_at_start_and_end_of_fit_on_several_blocks(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=64, val_size=64),
         image_size=32,
         patch_size=8,
         batch_size=32,
@@ -105,8 +104,6 @@ def test_probe_runs_at_start_and_end_of_fit_on_several_blocks(tmp_path):
         crop_scale=None,
         target_scale=(0.1, 0.15),
         min_keep=2,
-        shapes_train_size=64,
-        shapes_val_size=64,
     )
     logger = CSVLogger(tmp_path)
     trainer = L.Trainer(
@@ -140,7 +137,7 @@ def test_knn_and_linear_probes_encode_the_data_once_per_weights(tmp_path):
     from ijepa.callbacks import KNNProbe
 
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=100, val_size=50),
         image_size=32,
         patch_size=8,
         batch_size=50,
@@ -148,8 +145,6 @@ def test_knn_and_linear_probes_encode_the_data_once_per_weights(tmp_path):
         crop_scale=None,
         target_scale=(0.1, 0.15),
         min_keep=2,
-        shapes_train_size=100,
-        shapes_val_size=50,
     )
     model = IJEPA(**TINY_MODEL)
     trainer = L.Trainer(

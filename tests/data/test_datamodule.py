@@ -13,7 +13,15 @@ import torch
 from PIL import Image
 from torch.utils.data import Subset
 
-from ijepa.data.datamodule import DATASETS, IJEPADataModule
+from ijepa.data.datamodule import IJEPADataModule
+from ijepa.data.sources import (
+    ImageFolderSource,
+    MovingShapesSource,
+    ShapesSource,
+    STL10Source,
+    VideoFolderSource,
+    source_from_config,
+)
 from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 STL_SIZE = 96
@@ -90,8 +98,7 @@ def check_masked_batch(batch: dict, batch_size: int, image_size: int, num_patche
 
 def stl_module(root: Path, **overrides) -> IJEPADataModule:
     kwargs = dict(
-        dataset="stl10",
-        root=str(root),
+        source=STL10Source(root=str(root)),
         image_size=STL_SIZE,
         patch_size=8,
         batch_size=8,
@@ -267,9 +274,10 @@ def write_image_folder(root: Path, per_class: int, marker: int = 0) -> None:
 
 
 def folder_module(root: Path, **overrides) -> IJEPADataModule:
+    # the folder's own options go to its source, the rest to the DataModule
+    own = {key: overrides.pop(key) for key in ("bad_images", "holdout_fraction") if key in overrides}
     kwargs = dict(
-        dataset="imagefolder",
-        root=str(root),
+        source=ImageFolderSource(root=str(root), **own),
         image_size=32,
         patch_size=4,
         batch_size=4,
@@ -366,21 +374,19 @@ def test_imagefolder_val_without_train_is_an_error(tmp_path):
 
 def test_imagefolder_missing_root_names_data_root(tmp_path):
     dm = folder_module(tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match="data.root"):
+    with pytest.raises(FileNotFoundError, match="data.source.root"):
         dm.setup("fit")
 
 
 # --- shapes ---------------------------------------------------------------------------------
 def shapes_module(**overrides) -> IJEPADataModule:
     kwargs = dict(
-        dataset="shapes",
+        source=ShapesSource(train_size=20, val_size=10),
         image_size=32,
         patch_size=4,
         batch_size=4,
         knn_batch_size=6,
         num_workers=0,
-        shapes_train_size=20,
-        shapes_val_size=10,
     )
     kwargs.update(overrides)
     return IJEPADataModule(**kwargs)
@@ -426,17 +432,42 @@ def test_shapes_eval_loaders_are_deterministic():
 
 
 # --- argument validation --------------------------------------------------------------------
-def test_unknown_dataset_lists_valid_names():
-    with pytest.raises(ValueError, match="dataset") as info:
-        IJEPADataModule(dataset="cifar10")
-    for name in DATASETS:
-        assert name in str(info.value)
-    assert "cifar10" in str(info.value)
+def test_a_source_must_be_a_data_source():
+    with pytest.raises(TypeError, match="data.source must be a DataSource"):
+        IJEPADataModule(source="cifar10")
+
+
+def test_clip_sources_need_frames_and_image_sources_none():
+    with pytest.raises(ValueError, match=r"data.source is MovingShapesSource \(clips\), got num_frames=0"):
+        IJEPADataModule(source=MovingShapesSource())
+    with pytest.raises(ValueError, match=r"data.source is ShapesSource \(images\), got num_frames=4"):
+        IJEPADataModule(source=ShapesSource(), num_frames=4)
+
+
+def test_a_source_is_stored_in_the_checkpoint_as_plain_values_and_rebuilt_from_them():
+    dm = IJEPADataModule(source=ShapesSource(train_size=30, background="busy"), probe_source=ImageFolderSource("x"))
+    stored = dm.hparams["source"]
+    assert stored == {
+        "class_path": "ijepa.data.sources.ShapesSource",
+        "init_args": {
+            "train_size": 30,
+            "val_size": 2000,
+            "background": "busy",
+            "num_objects": (1, 1),
+            "radius": (0.2, 0.42),
+        },
+    }
+    rebuilt = source_from_config(stored)
+    assert type(rebuilt) is ShapesSource and vars(rebuilt) == vars(dm.source)
+    assert source_from_config(dm.hparams["probe_source"]).root == "x"
+    assert IJEPADataModule().source.config()["class_path"].endswith("STL10Source")  # the default
+    with pytest.raises(ValueError, match="is not a DataSource"):
+        source_from_config({"class_path": "ijepa.data.datamodule.IJEPADataModule"})
 
 
 def test_image_size_not_divisible_by_patch_size():
     with pytest.raises(ValueError) as info:
-        IJEPADataModule(dataset="shapes", image_size=50, patch_size=8)
+        IJEPADataModule(source=ShapesSource(), image_size=50, patch_size=8)
     assert "image_size" in str(info.value) and "patch_size" in str(info.value)
 
 
@@ -450,13 +481,28 @@ def test_image_size_not_divisible_by_patch_size():
         (dict(crop_scale=(0.5, 0.2)), "crop_scale"),
         (dict(crop_scale=(0.0, 1.0)), "crop_scale"),
         (dict(crop_scale=(0.5, 1.5)), "crop_scale"),
-        (dict(holdout_fraction=0.0), "holdout_fraction"),
-        (dict(holdout_fraction=1.0), "holdout_fraction"),
     ],
 )
 def test_bad_arguments_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        IJEPADataModule(dataset="shapes", **kwargs)
+        IJEPADataModule(source=ShapesSource(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: ImageFolderSource(holdout_fraction=0.0), "holdout_fraction"),
+        (lambda: ImageFolderSource(holdout_fraction=1.0), "holdout_fraction"),
+        (lambda: ImageFolderSource(bad_images="ignore"), "bad_images"),
+        (lambda: ShapesSource(train_size=0), "train_size"),
+        (lambda: MovingShapesSource(val_size=0), "val_size"),
+        (lambda: MovingShapesSource(fps=0.0), "fps"),
+        (lambda: VideoFolderSource(frame_stride=0), "frame_stride"),
+    ],
+)
+def test_bad_source_options_name_the_option(make, name):
+    with pytest.raises(ValueError, match=name):
+        make()
 
 
 def test_impossible_masks_fail_at_setup():
@@ -482,7 +528,7 @@ def test_unreadable_image_is_an_error_naming_the_file_and_the_option(tmp_path):
     truncated, _ = break_files(tmp_path)
     dm = folder_module(tmp_path)
     dm.setup("fit")
-    with pytest.raises(ValueError, match=f"unreadable image {truncated}.*data.bad_images=skip"):
+    with pytest.raises(ValueError, match=f"unreadable image {truncated}.*data.source.bad_images=skip"):
         for _ in dm.knn_train_dataloader():
             pass
 
@@ -505,13 +551,13 @@ def test_unreadable_images_are_skipped_and_counted_with_a_warning(tmp_path, num_
 
 def test_empty_image_folder_names_data_root(tmp_path):
     (tmp_path / "cats").mkdir()
-    with pytest.raises(FileNotFoundError, match=f"no images under data.root='{tmp_path}"):
+    with pytest.raises(FileNotFoundError, match=f"no images under data.source.root='{tmp_path}"):
         folder_module(tmp_path).setup("fit")
 
 
 def test_unknown_bad_image_policy_lists_the_valid_ones():
     with pytest.raises(ValueError, match=r"bad_images must be one of \('error', 'skip'\)"):
-        IJEPADataModule(dataset="imagefolder", bad_images="ignore")
+        IJEPADataModule(source=ImageFolderSource(bad_images="ignore"))
 
 
 def test_horizontal_flip_applies_without_a_random_crop():
@@ -521,8 +567,8 @@ def test_horizontal_flip_applies_without_a_random_crop():
     from ijepa.data import IJEPADataModule
 
     image = tv_tensors.Image(torch.arange(3 * 16 * 16, dtype=torch.uint8).reshape(3, 16, 16))
-    flips = IJEPADataModule(dataset="shapes", image_size=16, patch_size=4, crop_scale=None, horizontal_flip=True)
-    plain = IJEPADataModule(dataset="shapes", image_size=16, patch_size=4, crop_scale=None, horizontal_flip=False)
+    flips = IJEPADataModule(source=ShapesSource(), image_size=16, patch_size=4, crop_scale=None, horizontal_flip=True)
+    plain = IJEPADataModule(source=ShapesSource(), image_size=16, patch_size=4, crop_scale=None, horizontal_flip=False)
     reference = plain.train_transform()(image)
     torch.manual_seed(0)
     outputs = [flips.train_transform()(image) for _ in range(32)]

@@ -19,6 +19,7 @@ from PIL import Image
 from ijepa.cli import build_cli
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.imagefolder import RobustImageFolder, load_rgb, to_rgb
+from ijepa.data.sources import ImageFolderSource, ShapesSource, VideoFolderSource
 
 TINY = TINY_CONFIG
 PROBES = [
@@ -54,6 +55,11 @@ def run_fit(tmp_path: Path, data: dict, callbacks: list[dict], max_steps: int):
         return build_cli(["fit", "--config", str(path)], run=True)
 
 
+def folder_source(root: Path) -> dict:
+    """The YAML of an image-folder source at ``root``."""
+    return {"class_path": "ijepa.data.ImageFolderSource", "init_args": {"root": str(root)}}
+
+
 def logged_metrics(cli) -> set[str]:
     """Every metric name written to the run's CSV log (including those logged outside the loops)."""
     with open(Path(cli.trainer.logger.log_dir) / "metrics.csv") as f:
@@ -71,8 +77,7 @@ def two_class_folder(root: Path) -> Path:
 
 def test_val_folder_uses_train_class_index(tmp_path):
     data = IJEPADataModule(
-        dataset="imagefolder",
-        root=str(two_class_folder(tmp_path)),
+        source=ImageFolderSource(root=str(two_class_folder(tmp_path))),
         image_size=32,
         patch_size=8,
         batch_size=4,
@@ -92,7 +97,7 @@ def test_probes_score_a_val_folder_with_fewer_classes_through_the_cli(tmp_path):
     so both probes scored 0.0 on images they classify perfectly."""
     cli = run_fit(
         tmp_path,
-        {"dataset": "imagefolder", "root": str(two_class_folder(tmp_path / "data")), "batch_size": 8},
+        {"source": folder_source(two_class_folder(tmp_path / "data")), "batch_size": 8},
         PROBES,
         max_steps=2,
     )
@@ -104,7 +109,7 @@ def test_probes_score_a_val_folder_with_fewer_classes_through_the_cli(tmp_path):
 def test_val_class_missing_from_train_is_an_error_naming_class_and_folders(tmp_path):
     root = two_class_folder(tmp_path)
     write_images(root / "val" / "triangle", 2, (0, 200, 0))
-    data = IJEPADataModule(dataset="imagefolder", root=str(root), image_size=32, patch_size=8, num_workers=0)
+    data = IJEPADataModule(source=ImageFolderSource(root=str(root)), image_size=32, patch_size=8, num_workers=0)
     with pytest.raises(
         ValueError,
         match=r"\['triangle'\] under .*val are not among the training split's classes "
@@ -122,8 +127,7 @@ def test_video_val_folder_uses_train_class_index(tmp_path):
             (tmp_path / split / name).mkdir(parents=True)
             write_video(tmp_path / split / name / "0.mp4", 8, 10, size=16)
     data = IJEPADataModule(
-        dataset="videofolder",
-        root=str(tmp_path),
+        source=VideoFolderSource(root=str(tmp_path)),
         num_frames=4,
         image_size=16,
         patch_size=4,
@@ -137,7 +141,7 @@ def test_video_val_folder_uses_train_class_index(tmp_path):
     write_video(tmp_path / "val" / "c" / "0.mp4", 8, 10, size=16)
     with pytest.raises(ValueError, match=r"\['c'\] under .*val are not among"):
         IJEPADataModule(
-            dataset="videofolder", root=str(tmp_path), num_frames=4, image_size=16, patch_size=4, num_workers=0
+            source=VideoFolderSource(root=str(tmp_path)), num_frames=4, image_size=16, patch_size=4, num_workers=0
         ).setup("fit")
 
 
@@ -270,7 +274,7 @@ def test_unlabelled_folder_pretrains_on_every_image_and_probes_skip_with_one_war
         warnings.simplefilter("always")
         cli = run_fit(
             tmp_path,
-            {"dataset": "imagefolder", "root": str(root), "batch_size": 8},
+            {"source": folder_source(root), "batch_size": 8},
             [*PROBES, {"class_path": "ijepa.callbacks.CollapseMonitor"}],
             max_steps=4,
         )
@@ -279,7 +283,7 @@ def test_unlabelled_folder_pretrains_on_every_image_and_probes_skip_with_one_war
     assert data.num_classes == (0 if layout == "loose" else 1)
     assert len(data.split("pretrain")) == 24
     skips = [str(w.message) for w in caught if SKIP_WARNING in str(w.message)]
-    assert len(skips) == 1 and "KNNProbe, LinearProbe" in skips[0] and "data.probe_root" in skips[0], skips
+    assert len(skips) == 1 and "KNNProbe, LinearProbe" in skips[0] and "data.probe_source" in skips[0], skips
     logged = logged_metrics(cli)
     assert not any("top1" in name for name in logged), logged
     assert {"val/loss", "val/rankme"} <= logged
@@ -288,14 +292,12 @@ def test_unlabelled_folder_pretrains_on_every_image_and_probes_skip_with_one_war
 def test_unlabelled_val_reuses_a_spread_share_of_the_training_images(tmp_path):
     write_images(tmp_path, 20, (10, 10, 10))
     data = IJEPADataModule(
-        dataset="imagefolder",
-        root=str(tmp_path),
+        source=ImageFolderSource(root=str(tmp_path), holdout_fraction=0.2),
         image_size=32,
         patch_size=8,
         num_workers=0,
         batch_size=4,
         crop_scale=None,
-        holdout_fraction=0.2,
     )
     data.setup("fit")
     pretrain, val = data.split("pretrain"), data.split("val")
@@ -305,13 +307,13 @@ def test_unlabelled_val_reuses_a_spread_share_of_the_training_images(tmp_path):
     assert sum(batch["images"].size(0) for batch in data.train_dataloader()) == 20
 
 
-def test_probe_root_gives_the_probes_a_labelled_folder(tmp_path):
+def test_probe_source_gives_the_probes_a_labelled_folder(tmp_path):
     root = tmp_path / "unlabelled"
     write_images(root, 16, (90, 90, 90))
     probe_root = two_class_folder(tmp_path / "labelled")
     cli = run_fit(
         tmp_path,
-        {"dataset": "imagefolder", "root": str(root), "probe_root": str(probe_root), "batch_size": 8},
+        {"source": folder_source(root), "probe_source": folder_source(probe_root), "batch_size": 8},
         PROBES,
         max_steps=2,
     )
@@ -321,18 +323,16 @@ def test_probe_root_gives_the_probes_a_labelled_folder(tmp_path):
     assert float(cli.trainer.callback_metrics["val/knn_top1"]) == 1.0
 
 
-def test_unlabelled_probe_root_is_an_error_naming_the_option(tmp_path):
+def test_unlabelled_probe_source_is_an_error_naming_the_option(tmp_path):
     write_images(tmp_path / "loose", 4, (0, 0, 0))
     data = IJEPADataModule(
-        dataset="shapes",
+        source=ShapesSource(train_size=8, val_size=4),
+        probe_source=ImageFolderSource(root=str(tmp_path / "loose")),
         image_size=32,
         patch_size=8,
         num_workers=0,
-        shapes_train_size=8,
-        shapes_val_size=4,
-        probe_root=str(tmp_path / "loose"),
     )
-    with pytest.raises(ValueError, match="data.probe_root=.* at least two class sub-folders, got 0"):
+    with pytest.raises(ValueError, match=r"data.probe_source=ImageFolderSource\(root=.* at least two classes, got 0"):
         data.setup("fit")
 
 
@@ -343,8 +343,7 @@ def test_loose_videos_are_unlabelled(tmp_path):
     for k in range(3):
         write_video(tmp_path / f"{k}.mp4", 8, 10, size=16)
     data = IJEPADataModule(
-        dataset="videofolder",
-        root=str(tmp_path),
+        source=VideoFolderSource(root=str(tmp_path)),
         num_frames=4,
         image_size=16,
         patch_size=4,
@@ -364,18 +363,17 @@ def test_batch_larger_than_the_dataset_is_an_error_naming_data_batch_size(tmp_pa
         match=r"data.batch_size=32 is larger than the 20 training images per device "
         r"\(20 in the pretrain split over 1 device\(s\)\).*1\.\.20",
     ):
-        run_fit(tmp_path, {"shapes_train_size": 20, "batch_size": 32}, [], max_steps=2)
+        run_fit(
+            tmp_path,
+            {"source": {"class_path": "ijepa.data.ShapesSource", "init_args": {"train_size": 20}}, "batch_size": 32},
+            [],
+            max_steps=2,
+        )
 
 
 def test_batch_size_is_checked_against_each_devices_share():
     data = IJEPADataModule(
-        dataset="shapes",
-        image_size=32,
-        patch_size=8,
-        num_workers=0,
-        shapes_train_size=21,
-        shapes_val_size=4,
-        batch_size=12,
+        source=ShapesSource(train_size=21, val_size=4), image_size=32, patch_size=8, num_workers=0, batch_size=12
     )
     data.trainer = SimpleNamespace(world_size=2)  # 11 images per rank (DistributedSampler pads 21 to 22)
     with pytest.raises(

@@ -9,6 +9,7 @@ av = pytest.importorskip("av", reason="the videofolder dataset needs the 'video'
 
 from conftest import ROOT  # noqa: E402
 
+from ijepa.data.sources import MovingShapesSource, VideoFolderSource  # noqa: E402
 from ijepa.data.video_folder import VideoFolderClips, decode_clip  # noqa: E402
 
 
@@ -95,11 +96,11 @@ def test_video_folder_clips_and_their_errors(tmp_path, videos):
     broken = VideoFolderClips(tmp_path, num_frames=4, image_size=16)
     with pytest.raises(ValueError, match=r"unreadable video .*broken\.mp4"):
         broken[0]
-    with pytest.raises(FileNotFoundError, match="no videos under data.root"):
+    with pytest.raises(FileNotFoundError, match="no videos under data.source.root"):
         VideoFolderClips(tmp_path / "left" / "missing", num_frames=4, image_size=16)
-    with pytest.raises(ValueError, match=r"fps \(data.clip_fps\) must be a positive number"):
+    with pytest.raises(ValueError, match=r"fps \(data.source.fps\) must be a positive number"):
         VideoFolderClips(tmp_path, num_frames=4, image_size=16, fps=0.0)
-    with pytest.raises(ValueError, match=r"frame_stride \(data.frame_stride\) must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"frame_stride \(data.source.frame_stride\) must be an int >= 1"):
         VideoFolderClips(tmp_path, num_frames=4, image_size=16, frame_stride=0)
 
 
@@ -119,15 +120,13 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
 
     root = make_video_folder(tmp_path)
     data = IJEPADataModule(
-        dataset="videofolder",
-        root=str(root),
+        source=VideoFolderSource(root=str(root), fps=5.0),
         num_frames=4,
         tubelet_size=2,
         image_size=16,
         patch_size=4,
         batch_size=4,
         num_workers=0,
-        clip_fps=5.0,
         target_scale=(0.1, 0.15),
     )
     data.setup("fit")
@@ -141,56 +140,49 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
     assert probe["images"].shape == (4, 3, 4, 16, 16) and probe["frame_times"].shape == (4, 4)
     # by stride, each video's own rate sets the times
     data = IJEPADataModule(
-        dataset="videofolder",
-        root=str(root),
+        source=VideoFolderSource(root=str(root), frame_stride=2),
         num_frames=4,
         image_size=16,
         patch_size=4,
         batch_size=4,
         num_workers=0,
-        frame_stride=2,
     )
     data.setup("fit")
     gaps = next(iter(data.knn_test_dataloader()))["frame_times"].diff(dim=1)
     assert sorted({round(g, 3) for g in gaps.flatten().tolist()}) == [0.1, 0.2]
-    with pytest.raises(ValueError, match="clip_fps must be > 0"):
-        IJEPADataModule(dataset="videofolder", num_frames=4, clip_fps=-1.0)
+    with pytest.raises(ValueError, match="fps must be > 0"):
+        IJEPADataModule(source=VideoFolderSource(fps=-1.0), num_frames=4)
     with pytest.raises(FileNotFoundError, match="video folder not found"):
-        IJEPADataModule(dataset="videofolder", root=str(tmp_path / "nope"), num_frames=4).setup()
+        IJEPADataModule(source=VideoFolderSource(root=str(tmp_path / "nope")), num_frames=4).setup()
     (tmp_path / "only_val" / "val" / "a").mkdir(parents=True)
     with pytest.raises(ValueError, match="has val/ but no train/ folder"):
-        IJEPADataModule(dataset="videofolder", root=str(tmp_path / "only_val"), num_frames=4).setup()
+        IJEPADataModule(source=VideoFolderSource(root=str(tmp_path / "only_val")), num_frames=4).setup()
 
 
 def test_moving_shapes_with_a_frame_rate_carry_frame_times():
     from ijepa.data import IJEPADataModule
 
     data = IJEPADataModule(
-        dataset="moving_shapes",
+        source=MovingShapesSource(train_size=8, val_size=8, fps=12.5),
         num_frames=4,
         image_size=16,
         patch_size=4,
         batch_size=4,
         num_workers=0,
         crop_scale=None,
-        shapes_train_size=8,
-        shapes_val_size=8,
-        clip_fps=12.5,
         target_scale=(0.1, 0.15),
     )
     data.setup("fit")
     for batch in (next(iter(data.train_dataloader())), next(iter(data.knn_train_dataloader()))):
         torch.testing.assert_close(batch["frame_times"][0], torch.tensor([0.0, 0.08, 0.16, 0.24]))
     plain = IJEPADataModule(
-        dataset="moving_shapes",
+        source=MovingShapesSource(train_size=8, val_size=8),
         num_frames=4,
         image_size=16,
         patch_size=4,
         batch_size=4,
         num_workers=0,
         crop_scale=None,
-        shapes_train_size=8,
-        shapes_val_size=8,
         target_scale=(0.1, 0.15),
     )
     plain.setup("fit")
@@ -218,13 +210,13 @@ def test_a_video_folder_fits_through_the_cli_with_timestamps(tmp_path):
                 f"--trainer.default_root_dir={tmp_path}",
                 "--trainer.enable_progress_bar=false",
                 "--trainer.check_val_every_n_epoch=1",
-                "--data.dataset=videofolder",
-                f"--data.root={root}",
+                "--data.source=ijepa.data.VideoFolderSource",
+                f"--data.source.root={root}",
                 "--data.image_size=16",
                 "--model.patch_size=4",
                 "--data.batch_size=8",
                 "--data.num_workers=0",
-                "--data.clip_fps=8",
+                "--data.source.fps=8",
                 "--data.crop_scale=[0.5,1.0]",
             ],
             run=True,

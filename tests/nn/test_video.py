@@ -4,6 +4,7 @@ import pytest
 import torch
 from conftest import ROOT
 
+from ijepa.data.sources import MovingShapesSource
 from ijepa.nn.attention import apply_rotary
 from ijepa.nn.position import Learned3DPosition, MropePosition, Sincos3DPosition, mrope_sections
 from ijepa.nn.video import TubeletEmbed
@@ -412,7 +413,7 @@ def test_datamodule_clip_mode_batches():
     from ijepa.data import IJEPADataModule
 
     data = IJEPADataModule(
-        dataset="moving_shapes",
+        source=MovingShapesSource(train_size=32, val_size=16),
         num_frames=4,
         tubelet_size=2,
         image_size=16,
@@ -420,8 +421,6 @@ def test_datamodule_clip_mode_batches():
         batch_size=8,
         num_workers=0,
         crop_scale=None,
-        shapes_train_size=32,
-        shapes_val_size=16,
         target_scale=(0.1, 0.15),
         min_keep=4,
     )
@@ -431,10 +430,10 @@ def test_datamodule_clip_mode_batches():
     assert batch["context_indices"].max() < 2 * 4 * 4 and batch["target_indices"].max() < 2 * 4 * 4
     probe_batch = next(iter(data.knn_test_dataloader()))
     assert probe_batch["images"].shape[1:] == (3, 4, 16, 16) and data.num_classes == 4
-    with pytest.raises(ValueError, match="num_frames must be > 0 exactly for the clip datasets"):
-        IJEPADataModule(dataset="moving_shapes")
+    with pytest.raises(ValueError, match="num_frames must be > 0 exactly for sources of clips"):
+        IJEPADataModule(source=MovingShapesSource())
     with pytest.raises(ValueError, match="must be a positive multiple of tubelet_size=2"):
-        IJEPADataModule(dataset="moving_shapes", num_frames=3)
+        IJEPADataModule(source=MovingShapesSource(), num_frames=3)
 
 
 @pytest.mark.slow
@@ -454,8 +453,8 @@ def test_video_quickstart_config_fits_through_the_cli(tmp_path):
                 "--trainer.logger=false",
                 f"--trainer.default_root_dir={tmp_path}",
                 "--trainer.enable_progress_bar=false",
-                "--data.shapes_train_size=64",
-                "--data.shapes_val_size=32",
+                "--data.source.train_size=64",
+                "--data.source.val_size=32",
                 "--data.batch_size=16",
                 "--data.num_workers=0",
                 "--data.knn_batch_size=32",
