@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ijepa.regularizers", "ijepa.schedules", "ijepa.masks", "ijepa.pictures"),  # plain functions and modules
     ("ijepa.checkpoint", "ijepa.data"),  # checkpoint files and their adaptation; data sources and loaders
     ("ijepa.module",),  # the LightningModule
+    ("ijepa.interop",),  # other checkpoint formats, built on the module
     ("ijepa.callbacks",),
     ("ijepa.cli", "ijepa.__main__"),
     ("ijepa.explore", "ijepa.studies", "ijepa.benchmark"),
