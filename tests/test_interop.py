@@ -113,3 +113,33 @@ def test_load_encoder_gives_a_plain_module_in_three_lines(tmp_path):
         torch.testing.assert_close(load_encoder(path, "online")(images), model.encoder(images))
     with pytest.raises(ValueError, match="encoder must be 'target' or 'online'"):
         load_encoder(path, "ema")
+
+
+@pytest.mark.slow
+def test_ijepa_fit_continues_pretraining_from_an_official_checkpoint(tmp_path):
+    from unittest import mock
+
+    from conftest import TINY_CONFIG
+
+    from ijepa.cli import IJEPACLI
+    from ijepa.data import IJEPADataModule
+
+    official = to_official(trained_like())
+    model = load_official(official, MODEL["num_heads"], MODEL["predictor_num_heads"])
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, max_steps=0, accelerator="cpu")
+    trainer.strategy.connect(model)
+    path = tmp_path / "official.ckpt"
+    trainer.save_checkpoint(path)
+    callback = (
+        '{"class_path": "ijepa.callbacks.PositionEmbeddingInterpolation", '
+        f'"init_args": {{"init_checkpoint": "{path}"}}}}'
+    )
+    args = ["fit", "--config", str(TINY_CONFIG), "--data.source.train_size=96", "--data.source.val_size=40"]
+    args += [f"--trainer.callbacks+={callback}", "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}"]
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
+    fitted = cli.trainer.lightning_module.state_dict()
+    # one optimizer step (and one EMA step) away from the official target encoder's weights
+    start = official["target_encoder"]["blocks.0.attn.qkv.weight"]
+    assert (fitted["target_encoder.transformer.blocks.0.attn.qkv.weight"] - start).abs().max() < 1e-2
+    assert cli.trainer.global_step == 1
