@@ -25,7 +25,12 @@ from ijepa.nn.position import sinusoidal_2d_grid
 from ijepa.nn.vit import VisionTransformer
 
 # official name -> ours, within the encoder and the predictor (block keys are mapped by pattern)
-ENCODER_NAMES = {"norm.weight": "transformer.norm.weight", "norm.bias": "transformer.norm.bias"}
+ENCODER_NAMES = {
+    "patch_embed.proj.weight": "patch_embed.proj.weight",
+    "patch_embed.proj.bias": "patch_embed.proj.bias",
+    "norm.weight": "transformer.norm.weight",
+    "norm.bias": "transformer.norm.bias",
+}
 PREDICTOR_NAMES = {
     "mask_token": "mask_token",
     "predictor_embed.weight": "input_proj.weight",
@@ -73,8 +78,6 @@ def _convert(state: dict, names: dict[str, str], block_prefix: str, ours_prefix:
             converted[ours_prefix + names[key]] = value
         elif match:
             converted[f"{ours_prefix}transformer.blocks.{match.group(1)}.{match.group(2)}.{match.group(3)}"] = value
-        elif key.startswith("patch_embed.proj.") and block_prefix == "blocks.":
-            converted[ours_prefix + key] = value
         else:
             unmapped.append(key)
     if unmapped:
@@ -115,8 +118,6 @@ def _to_official(state: dict, prefix: str, names: dict[str, str], block_prefix: 
             out[inverse[key]] = value
         elif match:
             out[f"{block_prefix}{match.group(1)}.{match.group(2)}.{match.group(3)}"] = value
-        elif key.startswith("patch_embed.proj.") and block_prefix == "blocks.":
-            out[key] = value
         else:
             unmapped.append(prefix + key)
     if unmapped:

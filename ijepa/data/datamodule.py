@@ -109,9 +109,6 @@ class IJEPADataModule(L.LightningDataModule):
     ):
         super().__init__()
         source = STL10Source() if source is None else source
-        for name, value in (("source", source), ("probe_source", probe_source)):
-            if value is not None and not isinstance(value, DataSource):
-                raise TypeError(f"data.{name} must be a DataSource (ijepa.data.sources), got {type(value).__name__}.")
         for name, value in (("batch_size", batch_size), ("knn_batch_size", knn_batch_size)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}.")
@@ -122,6 +119,8 @@ class IJEPADataModule(L.LightningDataModule):
         if crop_scale is not None and not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
             raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, or null; got {crop_scale}.")
         for name, value in (("source", source), ("probe_source", probe_source)):
+            if value is not None and not isinstance(value, DataSource):
+                raise TypeError(f"data.{name} must be a DataSource (ijepa.data.sources), got {type(value).__name__}.")
             if value is not None and value.clips != (num_frames > 0):
                 raise ValueError(
                     f"num_frames must be > 0 exactly for sources of clips: data.{name} is {type(value).__name__} "
