@@ -1,6 +1,7 @@
 """The ``ijepa`` command: a LightningCLI over :class:`IJEPA` and :class:`IJEPADataModule`.
 
-``ijepa fit|validate|test|predict --config configs/<experiment>.yaml [--key value ...]``
+``ijepa fit|validate|test|predict --config configs/<experiment>.yaml [--key value ...]``, and
+``ijepa convert SOURCE DESTINATION ckpt|official|hf|timm`` (:mod:`ijepa.interop.convert`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
 from ijepa.callbacks.features import FeatureWriter
 from ijepa.data.datamodule import IJEPADataModule
+from ijepa.interop import convert
 from ijepa.module import IJEPA
 
 # (source, target): the target is set from the source and cannot be set itself. The image size
@@ -179,7 +181,11 @@ def instantiate(config: str, overrides: list[str] | None = None):
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``ijepa`` console script and ``python -m ijepa``. A run stopped by
     SIGTERM exits with status 143 (128 + SIGTERM) after saving a checkpoint, so schedulers see a
-    failure and requeue (Lightning would exit 0)."""
+    failure and requeue (Lightning would exit 0). ``convert`` is its own small command."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["convert"]:
+        convert.main(argv[1:])
+        return
     try:
         build_cli(args)
     except SIGTERMException:

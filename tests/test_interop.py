@@ -1,11 +1,14 @@
 """Official I-JEPA checkpoints in and out, and the trained encoder in plain PyTorch."""
 
-import lightning as L
+from unittest import mock
+
 import pytest
 import torch
-from conftest import TINY_MODEL
+from conftest import TINY_CONFIG, TINY_MODEL
 
-from ijepa.interop import load_encoder, load_official, official_to_state_dict, to_official
+from ijepa.cli import IJEPACLI, main
+from ijepa.data import IJEPADataModule
+from ijepa.interop import load_encoder, load_official, official_to_state_dict, save_lightning_checkpoint, to_official
 from ijepa.module import IJEPA
 
 MODEL = {**TINY_MODEL, "pos_embed": "sincos", "predictor_pos_embed": "sincos", "predictor_mode": "per_block"}
@@ -96,10 +99,7 @@ def test_load_official_at_another_image_size_keeps_the_weights():
 
 def test_load_encoder_gives_a_plain_module_in_three_lines(tmp_path):
     model = trained_like()
-    trainer = L.Trainer(logger=False, enable_checkpointing=False, max_steps=0, accelerator="cpu")
-    trainer.strategy.connect(model)
-    path = tmp_path / "run.ckpt"
-    trainer.save_checkpoint(path)
+    path = save_lightning_checkpoint(model, tmp_path / "run.ckpt")
 
     encoder = load_encoder(path)  # the documented use: load, then call
     images = inputs(model)[0]
@@ -117,19 +117,11 @@ def test_load_encoder_gives_a_plain_module_in_three_lines(tmp_path):
 
 @pytest.mark.slow
 def test_ijepa_fit_continues_pretraining_from_an_official_checkpoint(tmp_path):
-    from unittest import mock
-
-    from conftest import TINY_CONFIG
-
-    from ijepa.cli import IJEPACLI
-    from ijepa.data import IJEPADataModule
-
     official = to_official(trained_like())
-    model = load_official(official, MODEL["num_heads"], MODEL["predictor_num_heads"])
-    trainer = L.Trainer(logger=False, enable_checkpointing=False, max_steps=0, accelerator="cpu")
-    trainer.strategy.connect(model)
+    torch.save(official, tmp_path / "official.pth.tar")
     path = tmp_path / "official.ckpt"
-    trainer.save_checkpoint(path)
+    heads = ["--num_heads", str(MODEL["num_heads"]), "--predictor_num_heads", str(MODEL["predictor_num_heads"])]
+    main(["convert", str(tmp_path / "official.pth.tar"), str(path), "ckpt", *heads])
     callback = (
         '{"class_path": "ijepa.callbacks.PositionEmbeddingInterpolation", '
         f'"init_args": {{"init_checkpoint": "{path}"}}}}'

@@ -44,11 +44,19 @@ class DropPath(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``; ``[B, K, D]``."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True, drop_path: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_path: float = 0.0,
+        norm_eps: float = 1e-6,
+    ):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = MLP(dim, int(dim * mlp_ratio))
         self.drop_path = DropPath(drop_path)
 
@@ -76,6 +84,7 @@ class Transformer(nn.Module):
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         drop_path_rate: float = 0.0,
+        norm_eps: float = 1e-6,
     ):
         super().__init__()
         check_positive(depth, "depth")
@@ -83,8 +92,8 @@ class Transformer(nn.Module):
             raise ValueError(f"num_heads={num_heads} must be a positive divisor of the width {dim}.")
         self.position = position
         rates = torch.linspace(0, drop_path_rate, depth).tolist()
-        self.blocks = nn.ModuleList(Block(dim, num_heads, mlp_ratio, qkv_bias, rate) for rate in rates)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.blocks = nn.ModuleList(Block(dim, num_heads, mlp_ratio, qkv_bias, rate, norm_eps) for rate in rates)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
 
     def forward(
         self,
@@ -165,7 +174,8 @@ class VisionTransformer(nn.Module):
 
     ``rescale_residuals``: divide each block's output projections by ``sqrt(2 * layer)`` after
     the init (the I-JEPA ViT's constructor does; the official training script then redraws every
-    Linear, so official runs start without it).
+    Linear, so official runs start without it). ``norm_eps``: the LayerNorms' epsilon (1e-6 as
+    in I-JEPA and timm; a Hugging Face config may say otherwise, see :mod:`ijepa.interop`).
     """
 
     def __init__(
@@ -182,6 +192,7 @@ class VisionTransformer(nn.Module):
         pos_embed: str = "sincos",
         rescale_residuals: bool = True,
         pos_options: dict | None = None,
+        norm_eps: float = 1e-6,
     ):
         super().__init__()
         self.patch_embed = PatchEmbed(image_size, patch_size, in_channels, embed_dim)
@@ -189,7 +200,9 @@ class VisionTransformer(nn.Module):
         self.num_patches = self.patch_embed.num_patches
         self.embed_dim = embed_dim
         position = build_position_encoding(pos_embed, (self.grid_size,) * 2, embed_dim, num_heads, pos_options)
-        self.transformer = Transformer(embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate)
+        self.transformer = Transformer(
+            embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate, norm_eps
+        )
         self.apply(init_vit_weights)
         position.reset_parameters()
         if rescale_residuals:

@@ -1,5 +1,4 @@
-"""Reading and writing other formats: the official I-JEPA checkpoint, and a trained encoder for
-plain PyTorch.
+"""The official I-JEPA checkpoint format, in and out.
 
 The official layout (``facebookresearch/ijepa``, ``src/models/vision_transformer.py``) is a dict
 with ``encoder``, ``predictor`` and ``target_encoder`` state dicts (possibly behind DDP's
@@ -8,8 +7,7 @@ fixed sin-cos ``pos_embed [1, N, D]`` whose layout equals our ``sincos`` table (
 the weights map one to one onto an :class:`~ijepa.module.IJEPA` with ``pos_embed`` and
 ``predictor_pos_embed`` ``sincos``; its predictor is our ``per_block`` predictor.
 
-Every conversion is total: a key it cannot map is an error that lists the keys, never a
-partial load, and a ``pos_embed`` that is not our sin-cos table is an error, not replaced.
+A ``pos_embed`` that is not our sin-cos table is an error, not replaced.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import torch
 
 from ijepa.module import IJEPA
 from ijepa.nn.position import sinusoidal_2d_grid
-from ijepa.nn.vit import VisionTransformer
 
 # official name -> ours, within the encoder and the predictor (block keys are mapped by pattern)
 ENCODER_NAMES = {
@@ -105,7 +102,10 @@ def official_to_state_dict(checkpoint: dict) -> dict[str, torch.Tensor]:
     return state
 
 
-def _to_official(state: dict, prefix: str, names: dict[str, str], block_prefix: str) -> dict[str, torch.Tensor]:
+def official_layout(state: dict, names: dict[str, str], block_prefix: str, prefix: str) -> dict[str, torch.Tensor]:
+    """The keys of ``state`` under ``prefix`` (``encoder.``, ``predictor.``; ``""`` for a bare
+    encoder) renamed to the official layout (also timm's for the encoder): ``names`` and the
+    blocks under ``block_prefix``. Raises ValueError listing keys that have no place there."""
     inverse = {ours: official for official, ours in names.items()}
     out, unmapped = {}, []
     block = re.compile(rf"^transformer\.blocks\.(\d+)\.{BLOCK_PARTS}$")
@@ -146,10 +146,10 @@ def to_official(model: IJEPA) -> dict:
     grid = model.encoder.grid_size
     checkpoint = {}
     for network in ("encoder", "target_encoder"):
-        part = _to_official(state, f"{network}.", ENCODER_NAMES, "blocks.")
+        part = official_layout(state, ENCODER_NAMES, "blocks.", f"{network}.")
         part["pos_embed"] = sinusoidal_2d_grid(grid, grid, hp.embed_dim)[None]
         checkpoint[network] = part
-    predictor = _to_official(state, "predictor.", PREDICTOR_NAMES, "predictor_blocks.")
+    predictor = official_layout(state, PREDICTOR_NAMES, "predictor_blocks.", "predictor.")
     predictor["predictor_pos_embed"] = sinusoidal_2d_grid(grid, grid, hp.predictor_embed_dim)[None]
     checkpoint["predictor"] = predictor
     leftover = [key for key in state if not key.startswith(NETWORKS)]
@@ -211,15 +211,3 @@ def load_official(
             raise ValueError(f"{key}: checkpoint shape {tuple(value.shape)} != model shape {tuple(ours[key].shape)}.")
     model.load_state_dict(state, strict=True)
     return model
-
-
-def load_encoder(checkpoint: str | Path, encoder: str = "target") -> VisionTransformer:
-    """The trained encoder of an ``ijepa fit`` checkpoint as a plain :class:`torch.nn.Module` in
-    eval mode, on the CPU: ``encoder(images [B, 3, H, W]) -> [B, N, D]`` patch features and
-    ``encoder.pooled_features(images) -> [B, D]``. ``encoder``: ``target`` (the EMA encoder the
-    probes score, default) or ``online``."""
-    if encoder not in ("target", "online"):
-        raise ValueError(f"encoder must be 'target' or 'online', got {encoder!r}.")
-    model = IJEPA.load_from_checkpoint(str(checkpoint), map_location="cpu")
-    network = model.target_encoder if encoder == "target" else model.encoder
-    return network.eval().requires_grad_(False)

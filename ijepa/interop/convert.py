@@ -1,0 +1,109 @@
+"""``ijepa convert``: one command between this project's checkpoints and the official I-JEPA,
+Hugging Face and timm formats (a jsonargparse CLI over :func:`convert`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from jsonargparse import auto_cli
+
+from ijepa.checkpoint import atomic_save
+from ijepa.interop.encoder import ijepa_from_encoder, image_encoder, save_lightning_checkpoint
+from ijepa.interop.huggingface import load_hf, save_hf
+from ijepa.interop.official import NETWORKS, load_official, to_official
+from ijepa.interop.timm_vit import save_timm
+from ijepa.module import IJEPA
+from ijepa.nn.vit import VisionTransformer
+
+Format = Literal["ckpt", "official", "hf", "timm"]
+
+
+def source_format(source: Path) -> tuple[str, dict | None]:
+    """What ``source`` is: ``hf`` (a folder with ``config.json``), ``ckpt`` (a Lightning
+    checkpoint of :class:`IJEPA`) or ``official`` (a dict with encoder, predictor and target
+    encoder); with the loaded dict for files."""
+    if source.is_dir():
+        if not (source / "config.json").is_file():
+            raise ValueError(f"{source} is a folder without config.json: not a Hugging Face model folder.")
+        return "hf", None
+    if not source.is_file():
+        raise FileNotFoundError(f"source {str(source)!r} does not exist.")
+    checkpoint = torch.load(source, map_location="cpu", weights_only=True)
+    if isinstance(checkpoint, dict) and "state_dict" in checkpoint and "hyper_parameters" in checkpoint:
+        return "ckpt", checkpoint
+    if isinstance(checkpoint, dict) and all(name in checkpoint for name in NETWORKS):
+        return "official", checkpoint
+    keys = sorted(checkpoint)[:10] if isinstance(checkpoint, dict) else type(checkpoint).__name__
+    raise ValueError(
+        f"{source} is neither an ijepa Lightning checkpoint (state_dict, hyper_parameters) nor an official "
+        f"I-JEPA checkpoint (encoder, predictor, target_encoder): it has {keys}."
+    )
+
+
+def convert(
+    source: str,
+    destination: str,
+    to: Format,
+    encoder: Literal["target", "online"] = "target",
+    num_heads: int | None = None,
+    predictor_num_heads: int | None = None,
+    image_size: int | None = None,
+    drop: list[str] | None = None,
+    model: dict | None = None,
+) -> str:
+    """Convert a checkpoint between formats; the source format is recognised from the file.
+
+    Args:
+        source: an ``ijepa fit`` checkpoint (``.ckpt``), an official I-JEPA checkpoint
+            (``.pth.tar``) or a Hugging Face ``IJepaModel`` folder.
+        destination: the file (``ckpt``, ``official``) or folder (``hf``, ``timm``) to write.
+        to: ``ckpt`` (a checkpoint ``ijepa fit`` starts from through
+            ``PositionEmbeddingInterpolation.init_checkpoint``), ``official``, ``hf`` or ``timm``.
+        encoder: which encoder of an I-JEPA model ``hf`` and ``timm`` get: ``target`` (EMA) or ``online``.
+        num_heads: encoder heads of an official checkpoint (its fused qkv hides them).
+        predictor_num_heads: predictor heads of an official checkpoint, or of the fresh
+            predictor a Hugging Face encoder gets on its way to ``ckpt``.
+        image_size: load an official checkpoint at another resolution.
+        drop: key prefixes of a Hugging Face state dict to leave out (heads such as ``classifier.``).
+        model: further IJEPA options for a model built here (``{predictor_depth: 6}``).
+    """
+    path = Path(source)
+    kind, checkpoint = source_format(path)
+    options = dict(model or {})
+    if kind == "official":
+        if num_heads is None or predictor_num_heads is None:
+            raise ValueError(
+                "an official checkpoint needs --num_heads and --predictor_num_heads (ViT-H/14: 16 and 12)."
+            )
+        loaded: IJEPA | VisionTransformer = load_official(
+            checkpoint, num_heads, predictor_num_heads, image_size=image_size, **options
+        )
+    elif kind == "ckpt":
+        loaded = IJEPA.load_from_checkpoint(str(path), map_location="cpu")
+    else:
+        loaded = load_hf(path, drop=tuple(drop or ()))
+    if to in ("ckpt", "official") and isinstance(loaded, VisionTransformer):
+        if predictor_num_heads is not None:
+            options["predictor_num_heads"] = predictor_num_heads
+        if to == "official":  # the official predictor: sin-cos, per block
+            options = {"predictor_pos_embed": "sincos", "predictor_mode": "per_block", **options}
+        loaded = ijepa_from_encoder(loaded, **options)
+    out = Path(destination)
+    if to == "ckpt":
+        save_lightning_checkpoint(loaded, out)
+    elif to == "official":
+        atomic_save(to_official(loaded), out)
+    elif to == "hf":
+        save_hf(image_encoder(loaded, encoder), out)
+    else:
+        save_timm(image_encoder(loaded, encoder), out)
+    message = f"{kind} {source} -> {to} {destination}"
+    print(message)
+    return message
+
+
+def main(args: list[str] | None = None) -> None:
+    """``ijepa convert SOURCE DESTINATION ckpt|official|hf|timm [--option value ...]``."""
+    auto_cli(convert, args=args, as_positional=True, prog="ijepa convert")
