@@ -301,6 +301,15 @@ class IJEPA(L.LightningModule):
             raise ValueError("frame_times were given for an image model (model.num_frames=0).")
         return {"frame_times": tubelet_times(frame_times, self.hparams.tubelet_size) / self.hparams.time_unit}
 
+    def step_patch_size(self, patch_size) -> dict[str, int]:
+        """``{"patch_size": p}`` for a batch cut at another patch size than the model's (FlexiViT;
+        ``patch_size`` an int or a 0-dim tensor from the collator), else ``{}``."""
+        if patch_size is None or int(patch_size) == self.hparams.patch_size:
+            return {}
+        if self.hparams.num_frames:
+            raise ValueError("per-batch patch sizes (data.train_patch_sizes) are for image models, not clips.")
+        return {"patch_size": int(patch_size)}
+
     def forward(self, images: torch.Tensor, frame_times: torch.Tensor | None = None) -> torch.Tensor:
         """Target-encoder features of every patch, ``[B, C, H, W] -> [B, N, D]`` (clips
         ``[B, C, T, H, W]``, optionally with ``frame_times [B, T]``)."""
@@ -321,6 +330,11 @@ class IJEPA(L.LightningModule):
         rows, num_blocks, num_targets = target_indices.shape
         # Clips may carry frame_times [B, T] (seconds), which M-RoPE turns into temporal positions.
         times = self.token_times(batch.get("frame_times"))
+        # A FlexiViT batch (data.train_patch_sizes) says its patch size; its masks are on that grid.
+        flexi, predictor_grid = self.step_patch_size(batch.get("patch_size")), {}
+        if flexi:
+            side = self.hparams.image_size // flexi["patch_size"]
+            predictor_grid = {"grid": (side, side)}
         # R mask sets per image (data.masks_per_image): row r * B + i masks image i, and the
         # target encoder's pass over the B images serves all R of them.
         repeats = rows // images.size(0)
@@ -332,10 +346,12 @@ class IJEPA(L.LightningModule):
         with index_checks(self.hparams.debug_checks):
             with torch.no_grad():
                 if self.hparams.target_last_blocks == 1:  # the encoder's own forward (compiled with model.compile)
-                    target_features = self.target_encoder(images, **times)
+                    target_features = self.target_encoder(images, **times, **flexi)
                     normed = F.layer_norm(target_features, target_features.shape[-1:])
                 else:
-                    blocks = block_token_outputs(self.target_encoder, images, self.hparams.target_last_blocks, **times)
+                    blocks = block_token_outputs(
+                        self.target_encoder, images, self.hparams.target_last_blocks, **times, **flexi
+                    )
                     target_features = blocks[-1]
                     normed = torch.stack([F.layer_norm(b, b.shape[-1:]) for b in blocks]).mean(0)
                 if repeats > 1:
@@ -345,8 +361,10 @@ class IJEPA(L.LightningModule):
             if repeats > 1:
                 images = images.repeat(repeats, *(1,) * (images.dim() - 1))
                 times = {name: value.repeat(repeats, *(1,) * (value.dim() - 1)) for name, value in times.items()}
-            context = self.encoder(images, context_indices, token_mask=context_mask, **times)
-            predictions = self.predictor(context, context_indices, target_indices, context_mask=context_mask, **times)
+            context = self.encoder(images, context_indices, token_mask=context_mask, **times, **flexi)
+            predictions = self.predictor(
+                context, context_indices, target_indices, context_mask=context_mask, **times, **predictor_grid
+            )
         return {"predictions": predictions, "targets": targets, "context": context, "target_features": target_features}
 
     def prediction_loss(

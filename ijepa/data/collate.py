@@ -25,13 +25,25 @@ class MaskCollator:
     element is a per-sample seed (an ``int`` after the label, from
     :class:`ijepa.data.sampling.SeededSamples`) seed the batch's masks from all of them, so masks
     never depend on the worker or the global RNG.
+
+    ``patch_samplers`` (FlexiViT): ``{patch_size: sampler on that patch size's grid}``. Each batch
+    then draws its patch size uniformly from the keys (from the batch's seed), samples its masks
+    on that grid and says which under ``patch_size`` (an int); the model cuts its patches to match.
     """
 
-    def __init__(self, sampler: MultiBlockMaskSampler, masks_per_image: int = 1):
+    def __init__(
+        self,
+        sampler: MultiBlockMaskSampler,
+        masks_per_image: int = 1,
+        patch_samplers: dict[int, MultiBlockMaskSampler] | None = None,
+    ):
         if masks_per_image < 1:
             raise ValueError(f"masks_per_image must be >= 1, got {masks_per_image}.")
+        if patch_samplers is not None and not patch_samplers:
+            raise ValueError("patch_samplers must name at least one patch size, or be None.")
         self.sampler = sampler
         self.masks_per_image = masks_per_image
+        self.patch_samplers = dict(sorted(patch_samplers.items())) if patch_samplers else None
 
     def __call__(self, samples: list) -> dict[str, torch.Tensor]:
         generator = None
@@ -39,12 +51,18 @@ class MaskCollator:
             generator = torch.Generator().manual_seed(mix_seed(*(sample[-1] for sample in samples)))
             samples = [sample[:-1] for sample in samples]
         batch = collate_samples(samples)
-        context_indices, target_indices = self.sampler(self.masks_per_image * batch["images"].size(0), generator)
+        sampler = self.sampler
+        if self.patch_samplers is not None:
+            sizes = list(self.patch_samplers)
+            patch_size = sizes[int(torch.randint(len(sizes), (1,), generator=generator))]
+            sampler = self.patch_samplers[patch_size]
+            batch["patch_size"] = patch_size
+        context_indices, target_indices = sampler(self.masks_per_image * batch["images"].size(0), generator)
         # The range check the model skips in its hot path, here on CPU tensors (no device sync).
-        check_indices(context_indices, self.sampler.num_patches, "context_indices")
-        check_indices(target_indices.flatten(1), self.sampler.num_patches, "target_indices")
+        check_indices(context_indices, sampler.num_patches, "context_indices")
+        check_indices(target_indices.flatten(1), sampler.num_patches, "target_indices")
         masks = {"context_indices": context_indices, "target_indices": target_indices}
-        if self.sampler.context_policy == "pad":
+        if sampler.context_policy == "pad":
             masks["context_mask"] = context_padding_mask(context_indices)
         return {**batch, **masks}
 

@@ -81,6 +81,10 @@ class IJEPADataModule(L.LightningDataModule):
             0 for images.
         tubelet_size: frames per tubelet (linked from ``model.tubelet_size`` by the CLI).
         temporal_scale: range of the share of the frames a target block spans (clips).
+        train_patch_sizes: FlexiViT training: each pretraining batch draws its patch size from
+            this list (each must divide ``image_size``) and samples its masks on that grid; the
+            model resizes its kernel and position encoding to match (``docs/native_resolution.md``).
+            Validation and the probes keep ``patch_size``. null: every batch uses ``patch_size``.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class IJEPADataModule(L.LightningDataModule):
         num_frames: int = 0,
         tubelet_size: int = 2,
         temporal_scale: tuple[float, float] = (1.0, 1.0),
+        train_patch_sizes: list[int] | None = None,
     ):
         super().__init__()
         source = STL10Source() if source is None else source
@@ -157,6 +162,28 @@ class IJEPADataModule(L.LightningDataModule):
                 min_keep=min_keep,
                 context_policy=context_policy,
             )
+        self.patch_samplers = None
+        if train_patch_sizes is not None:
+            if num_frames or not train_patch_sizes:
+                raise ValueError(
+                    f"train_patch_sizes must be a non-empty list of patch sizes, for images (num_frames=0); got "
+                    f"{train_patch_sizes} with num_frames={num_frames}."
+                )
+            self.patch_samplers = {}
+            for size in sorted(set(train_patch_sizes)):
+                try:
+                    side = grid_size(image_size, size)
+                except ValueError as error:
+                    raise ValueError(f"train_patch_sizes: {error}") from None
+                self.patch_samplers[size] = MultiBlockMaskSampler(
+                    side,
+                    num_target_blocks,
+                    target_scale,
+                    target_aspect_ratio,
+                    context_scale,
+                    min_keep=min_keep,
+                    context_policy=context_policy,
+                )
         self.num_classes = 10
         self._splits: dict[str, Dataset] = {}
 
@@ -206,6 +233,8 @@ class IJEPADataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if not self._splits:
             self.mask_sampler.check()
+            for sampler in (self.patch_samplers or {}).values():
+                sampler.check()
             splits = self.source.splits(self.split_settings())
             self._splits, self.num_classes = splits.as_dict(), splits.num_classes
             if self.probe_source is not None:
@@ -296,7 +325,7 @@ class IJEPADataModule(L.LightningDataModule):
             batch_size=hp.batch_size,
             sampler=sampler,
             num_workers=workers,
-            collate_fn=MaskCollator(self.mask_sampler, hp.masks_per_image),
+            collate_fn=MaskCollator(self.mask_sampler, hp.masks_per_image, self.patch_samplers),
             pin_memory=hp.pin_memory and torch.cuda.is_available(),
             drop_last=True,
             persistent_workers=workers > 0,

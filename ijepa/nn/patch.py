@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ijepa.nn.checks import check_indices, check_positive
+from ijepa.nn.resize import resize_patch_embed_kernel
 
 
 def grid_size(image_size: int, patch_size: int) -> int:
@@ -48,6 +50,9 @@ class PatchEmbed(nn.Module):
     """Non-overlapping ``patch_size`` x ``patch_size`` patches projected to ``embed_dim``.
 
     ``[B, C, H, W] -> [B, N, D]`` with ``N = (H / P) * (W / P)`` in row-major order.
+    ``forward(images, patch_size=p)`` cuts ``p x p`` patches instead, with the kernel resized by
+    FlexiViT's pseudo-inverse (:func:`~ijepa.nn.resize.resize_patch_embed_kernel`, the resize a
+    checkpoint load applies), gradient included: ``N = (H / p)^2``.
     """
 
     def __init__(self, image_size: int, patch_size: int, in_channels: int = 3, embed_dim: int = 192):
@@ -58,7 +63,7 @@ class PatchEmbed(nn.Module):
         self.num_patches = self.grid_size**2
         self.proj = nn.Conv2d(in_channels, embed_dim, kernel_size=patch_size, stride=patch_size)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, patch_size: int | None = None) -> torch.Tensor:
         if images.dim() != 4:
             raise ValueError(f"images must have shape [B, C, H, W], got {tuple(images.shape)}.")
         if images.size(1) != self.proj.in_channels:
@@ -72,4 +77,8 @@ class PatchEmbed(nn.Module):
                 f"images are {h}x{w}, the model was built for image_size={self.image_size} "
                 f"(resize the data or rebuild the model)."
             )
-        return self.proj(images).flatten(2).transpose(1, 2)
+        if patch_size is None or patch_size == self.patch_size:
+            return self.proj(images).flatten(2).transpose(1, 2)
+        grid_size(self.image_size, patch_size)  # a clear error unless patch_size divides the image
+        weight = resize_patch_embed_kernel(self.proj.weight, patch_size)
+        return F.conv2d(images, weight, self.proj.bias, stride=patch_size).flatten(2).transpose(1, 2)

@@ -22,7 +22,9 @@ class Predictor(nn.Module):
 
     ``forward(context [B, Kc, D], context_indices [B, Kc], target_indices [B, M, Kt] or [B, Kt],
     frame_times, context_mask [B, Kc] | None)`` returns ``[B, M, Kt, D]`` (or ``[B, Kt, D]``);
-    ``context_mask`` (True for real tokens) marks padding in the context, which no query sees. ``grid_size`` is the side of an image grid, or
+    ``context_mask`` (True for real tokens) marks padding in the context, which no query sees;
+    ``grid`` gives the indices' grid when it is not the predictor's own (a FlexiViT step at another
+    patch size: the position encoding's view on that grid). ``grid_size`` is the side of an image grid, or
     ``(T', H', W')`` for clips with a video position encoding (``sincos_3d``, ``learned_3d``,
     ``mrope``; M-RoPE also takes ``frame_times [B, T']``).
 
@@ -98,10 +100,12 @@ class Predictor(nn.Module):
         target_indices: torch.Tensor,
         frame_times: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
+        grid: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
+        position = self.position if grid is None else self.position.at_grid(grid)
         if context.dim() != 3 or context.size(-1) != self.embed_dim:
             raise ValueError(f"context must have shape [B, Kc, {self.embed_dim}], got {tuple(context.shape)}.")
-        check_indices(context_indices, self.num_patches, "context_indices")
+        check_indices(context_indices, position.num_positions, "context_indices")
         if context_indices.shape != context.shape[:2]:
             raise ValueError(
                 f"context_indices {tuple(context_indices.shape)} must match context's [B, Kc] = {tuple(context.shape[:2])}."
@@ -116,11 +120,13 @@ class Predictor(nn.Module):
             )
         batch, num_blocks, num_targets = target_indices.shape
         target_indices = target_indices.reshape(batch * num_blocks, num_targets)
-        check_indices(target_indices, self.num_patches, "target_indices")
+        check_indices(target_indices, position.num_positions, "target_indices")
 
         if self.mode == "one_pass":
             flat_targets = target_indices.view(batch, num_blocks * num_targets)
-            prediction = self._one_pass(context, context_indices, flat_targets, num_blocks, frame_times, context_mask)
+            prediction = self._one_pass(
+                context, context_indices, flat_targets, num_blocks, frame_times, context_mask, position
+            )
             prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
             return prediction.squeeze(1) if single_block else prediction
 
@@ -141,7 +147,7 @@ class Predictor(nn.Module):
                 ],
                 dim=1,
             )
-        tokens = self.transformer(tokens, indices, frame_times=frame_times, token_mask=token_mask)
+        tokens = self.transformer(tokens, indices, frame_times=frame_times, token_mask=token_mask, position=position)
         prediction = self.output_proj(tokens[:, -num_targets:])  # [B*M, Kt, D]
         prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
         return prediction.squeeze(1) if single_block else prediction
@@ -154,6 +160,7 @@ class Predictor(nn.Module):
         num_blocks: int,
         frame_times: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
+        position: PositionEncoding | None = None,
     ) -> torch.Tensor:
         """``[B, Kc, D]``, ``[B, Kc]``, ``[B, M*Kt]`` -> predictions ``[B, M*Kt, D]``; with a
         ``context_mask`` the block structure becomes an explicit boolean mask (no mask-free path)."""
@@ -165,12 +172,12 @@ class Predictor(nn.Module):
         num_targets = target_indices.size(1) // num_blocks
         if context_mask is None:
             layout = BlockLayout(num_context, num_blocks, num_targets)
-            tokens = self.transformer(tokens, indices, attn_mask=layout, frame_times=frame_times)
+            tokens = self.transformer(tokens, indices, attn_mask=layout, frame_times=frame_times, position=position)
         else:
             structure = block_attention_mask(num_context, num_blocks, num_targets, tokens.device)
             token_mask = torch.cat([context_mask, context_mask.new_ones(batch, target_indices.size(1))], dim=1)
             tokens = self.transformer(
-                tokens, indices, attn_mask=structure, frame_times=frame_times, token_mask=token_mask
+                tokens, indices, attn_mask=structure, frame_times=frame_times, token_mask=token_mask, position=position
             )
         return self.output_proj(tokens[:, num_context:])
 

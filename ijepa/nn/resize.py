@@ -12,6 +12,7 @@ adapts a whole model's state dict saved at one image/patch size to a model built
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -155,6 +156,15 @@ def resize_patch(patches: torch.Tensor, new_patch_size: int) -> torch.Tensor:
     return out.reshape(*shape[:-2], new_patch_size, new_patch_size).to(patches.dtype)
 
 
+@functools.lru_cache(maxsize=64)
+def pseudo_inverse_resize(old_patch_size: int, new_patch_size: int) -> torch.Tensor:
+    """``pinv(B^T)`` ``[p'^2, p^2]`` in float64 on the CPU, with ``B`` the linear map of
+    :func:`resize_patch` from ``p x p`` to ``p' x p'`` (cached: FlexiViT training asks each step)."""
+    basis = torch.eye(old_patch_size**2, dtype=torch.float64).reshape(-1, old_patch_size, old_patch_size)
+    resize_t = resize_patch(basis, new_patch_size).reshape(old_patch_size**2, -1)  # B^T: [p^2, p'^2]
+    return torch.linalg.pinv(resize_t)
+
+
 def resize_patch_embed_kernel(weight: torch.Tensor, new_patch_size: int) -> torch.Tensor:
     """FlexiViT's pseudo-inverse resize of a patch-embedding kernel ``[D, C, p, p] -> [D, C, p', p']``.
 
@@ -162,6 +172,8 @@ def resize_patch_embed_kernel(weight: torch.Tensor, new_patch_size: int) -> torc
     ``w' = pinv(B^T) w``, so ``<B x, w'> = <x, w>``: a patch upsampled with ``resize_patch``
     gives exactly the old token. When the patch shrinks, ``B^T`` has no right inverse and ``w'``
     is the least-squares solution (the token then changes; ``docs/resolution.md`` gives the size).
+    Differentiable in ``weight`` (FlexiViT training resizes the kernel in every step) and
+    computed in float64, returned in ``weight``'s dtype.
     """
     if weight.dim() != 4 or weight.size(-1) != weight.size(-2):
         raise ValueError(f"weight must be [D, C, p, p], got {tuple(weight.shape)}.")
@@ -170,11 +182,8 @@ def resize_patch_embed_kernel(weight: torch.Tensor, new_patch_size: int) -> torc
     old = weight.size(-1)
     if old == new_patch_size:
         return weight
-    basis = torch.eye(old * old, dtype=torch.float64).reshape(old * old, old, old)
-    resize_t = resize_patch(basis, new_patch_size).reshape(old * old, -1)  # B^T: [p^2, p'^2]
-    inverse = torch.linalg.pinv(resize_t)  # [p'^2, p^2]
-    flat = weight.detach().double().reshape(-1, old * old)
-    new = flat @ inverse.T
+    inverse = pseudo_inverse_resize(old, new_patch_size).to(weight.device)
+    new = weight.double().reshape(-1, old * old) @ inverse.T
     return new.reshape(*weight.shape[:2], new_patch_size, new_patch_size).to(weight.dtype)
 
 

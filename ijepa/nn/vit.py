@@ -102,8 +102,9 @@ class Transformer(nn.Module):
         attn_mask=None,
         frame_times: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
+        position: PositionEncoding | None = None,
     ) -> torch.Tensor:
-        return self.last_block_outputs(tokens, indices, 1, attn_mask, frame_times, token_mask)[0]
+        return self.last_block_outputs(tokens, indices, 1, attn_mask, frame_times, token_mask, position)[0]
 
     def last_block_outputs(
         self,
@@ -113,16 +114,19 @@ class Transformer(nn.Module):
         attn_mask=None,
         frame_times: torch.Tensor | None = None,
         token_mask: torch.Tensor | None = None,
+        position: PositionEncoding | None = None,
     ) -> list[torch.Tensor]:
         """The outputs of the last ``count`` blocks, each through the final norm: ``count`` x
         ``[B, K, D]``, the last being ``forward``'s. ``tokens`` come without positions: the
         encoding adds its own here (``add_to_tokens``), its attention terms act in every block
         and its ``after_block`` hook after each. ``frame_times [B, T']`` reach encodings that
-        take them (M-RoPE) and are ignored by the others."""
+        take them (M-RoPE) and are ignored by the others. ``position`` replaces the stack's own
+        encoding for this call (its view on another grid, :meth:`PositionEncoding.at_grid`)."""
         if not 1 <= count <= len(self.blocks):
             raise ValueError(f"count must be in 1..{len(self.blocks)} (the depth), got {count}.")
-        tokens = self.position.add_to_tokens(tokens, indices)
-        positions = self.position.attention_positions(indices, frame_times)
+        position = self.position if position is None else position
+        tokens = position.add_to_tokens(tokens, indices)
+        positions = position.attention_positions(indices, frame_times)
         keep = None
         if token_mask is not None:
             if token_mask.shape != tokens.shape[:2]:
@@ -139,7 +143,7 @@ class Transformer(nn.Module):
             tokens = block(tokens, positions, attn_mask)
             if keep is not None:  # e.g. PEG scatters tokens to the grid: padding must add nothing
                 tokens = tokens * keep
-            tokens = self.position.after_block(i, tokens, indices)
+            tokens = position.after_block(i, tokens, indices)
             if i >= len(self.blocks) - count:
                 outputs.append(self.norm(tokens))
         return outputs
@@ -217,43 +221,73 @@ class VisionTransformer(nn.Module):
         """Every patch index, ``[batch_size, N]``."""
         return torch.arange(self.num_patches, device=device).expand(batch_size, -1)
 
+    def embed(self, images: torch.Tensor, patch_size: int | None = None) -> tuple[torch.Tensor, PositionEncoding]:
+        """Patch tokens ``[B, N, D]`` (no positions yet) and the position encoding of their grid:
+        the encoder's own, or for another ``patch_size`` (FlexiViT) the resized kernel's tokens
+        and the encoding's view on that grid (:meth:`PositionEncoding.at_grid`)."""
+        tokens = self.patch_embed(images, patch_size)
+        if patch_size is None or patch_size == self.patch_embed.patch_size:
+            return tokens, self.position
+        grid = self.patch_embed.image_size // patch_size
+        return tokens, self.position.at_grid((grid, grid))
+
     def forward(
-        self, images: torch.Tensor, patch_indices: torch.Tensor | None = None, token_mask: torch.Tensor | None = None
+        self,
+        images: torch.Tensor,
+        patch_indices: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
+        patch_size: int | None = None,
     ) -> torch.Tensor:
-        tokens = self.patch_embed(images)  # [B, N, D]
+        tokens, position = self.embed(images, patch_size)  # [B, N, D]
         if patch_indices is None:
-            patch_indices = self.all_indices(images.size(0), images.device)
+            patch_indices = torch.arange(tokens.size(1), device=images.device).expand(images.size(0), -1)
         else:
-            check_indices(patch_indices, self.num_patches, "patch_indices")
+            check_indices(patch_indices, tokens.size(1), "patch_indices")
             if patch_indices.size(0) != images.size(0):
                 raise ValueError(
                     f"batch mismatch: images have B={images.size(0)}, patch_indices have B={patch_indices.size(0)}."
                 )
             tokens = gather_patches(tokens, patch_indices)
-        return self.transformer(tokens, patch_indices, token_mask=token_mask)
+        return self.transformer(tokens, patch_indices, token_mask=token_mask, position=position)
 
-    def pooled_features(self, images: torch.Tensor, last_blocks: int = 1) -> torch.Tensor:
+    def pooled_features(
+        self, images: torch.Tensor, last_blocks: int = 1, patch_size: int | None = None
+    ) -> torch.Tensor:
         """Mean over all patches of the last ``last_blocks`` blocks' normed outputs, concatenated:
-        ``[B, C, H, W] -> [B, last_blocks * D]`` (oldest block first)."""
-        return pooled_block_features(self, images, last_blocks)
+        ``[B, C, H, W] -> [B, last_blocks * D]`` (oldest block first); ``patch_size`` as in
+        :meth:`embed`."""
+        return pooled_block_features(self, images, last_blocks, patch_size=patch_size)
 
 
 def block_token_outputs(
-    encoder: nn.Module, inputs: torch.Tensor, last_blocks: int = 1, frame_times: torch.Tensor | None = None
+    encoder: nn.Module,
+    inputs: torch.Tensor,
+    last_blocks: int = 1,
+    frame_times: torch.Tensor | None = None,
+    patch_size: int | None = None,
 ) -> list[torch.Tensor]:
     """For an image or clip encoder (``patch_embed``, ``position``, ``transformer``) on all its
     tokens: the last ``last_blocks`` blocks' normed outputs, ``last_blocks`` x ``[B, N, D]``
-    (oldest block first)."""
-    indices = torch.arange(encoder.num_patches, device=inputs.device).expand(inputs.size(0), -1)
+    (oldest block first). ``patch_size``: an image encoder's FlexiViT patch size
+    (:meth:`VisionTransformer.embed`)."""
+    if patch_size is None:
+        tokens, position = encoder.patch_embed(inputs), encoder.position
+    else:
+        tokens, position = encoder.embed(inputs, patch_size)
+    indices = torch.arange(tokens.size(1), device=inputs.device).expand(inputs.size(0), -1)
     return encoder.transformer.last_block_outputs(
-        encoder.patch_embed(inputs), indices, last_blocks, frame_times=frame_times
+        tokens, indices, last_blocks, frame_times=frame_times, position=position
     )
 
 
 def pooled_block_features(
-    encoder: nn.Module, inputs: torch.Tensor, last_blocks: int = 1, frame_times: torch.Tensor | None = None
+    encoder: nn.Module,
+    inputs: torch.Tensor,
+    last_blocks: int = 1,
+    frame_times: torch.Tensor | None = None,
+    patch_size: int | None = None,
 ) -> torch.Tensor:
     """:func:`block_token_outputs`, each mean-pooled over the tokens, concatenated:
     ``[B, last_blocks * D]``."""
-    outputs = block_token_outputs(encoder, inputs, last_blocks, frame_times)
+    outputs = block_token_outputs(encoder, inputs, last_blocks, frame_times, patch_size)
     return torch.cat([output.mean(dim=1) for output in outputs], dim=-1)

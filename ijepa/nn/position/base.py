@@ -14,6 +14,7 @@ calls, and nothing else in the network knows which member it is:
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,10 @@ from ijepa.nn.checks import check_indices, check_positive
 from ijepa.nn.resize import Grid, Resizer, check_grid
 
 HOOKS = ("add_to_tokens", "attention_positions", "after_block")
+
+# member -> {grid: the same member built on that grid}, for at_grid. Kept outside the modules so
+# that copies (the EMA target encoder is a deepcopy) and state dicts never see them.
+_GRID_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -65,6 +70,17 @@ class PositionEncoding(nn.Module):
 
     name: str = ""
     dims: int = 2
+
+    def __new__(cls, *args, **kwargs):
+        # Remember the member's own options, so at_grid can build the same member on another grid
+        # (copy and pickle call __new__ without arguments and restore them with the __dict__).
+        self = super().__new__(cls)
+        if not args and not kwargs:
+            return self
+        bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+        skip = ("self", "grid", "embed_dim", "num_heads")
+        object.__setattr__(self, "_build_options", {k: v for k, v in bound.arguments.items() if k not in skip})
+        return self
 
     def __init__(self, grid: Grid, embed_dim: int, num_heads: int = 1):
         super().__init__()
@@ -134,6 +150,36 @@ class PositionEncoding(nn.Module):
 
     def reset_parameters(self) -> None:
         """(Re)draw the member's parameters; the encoders call it after their generic init."""
+
+    def at_grid(self, grid: Grid) -> PositionEncoding:
+        """This member on another ``grid``, for one forward pass (FlexiViT's per-step patch size).
+
+        The view is the same member built on ``grid`` (so sin-cos tables and rotary angles are
+        computed for it) whose grid-dependent tensors are this member's, brought to ``grid`` by
+        :meth:`state_resizers`: the very functions a checkpoint load at that grid applies, so a
+        model trained through views equals the resized model at every grid. The tensors keep
+        their gradient to this member's parameters; the others are this member's own. Call it
+        once per forward pass: the view holds tensors of the current parameters.
+        """
+        grid = check_grid(grid, "grid", (self.dims,))
+        if grid == self.grid:
+            return self
+        tensors = dict(self.named_parameters())
+        device = next(iter(tensors.values()), None)
+        device = device.device if device is not None else next((b.device for b in self.buffers()), None)
+        views = _GRID_VIEWS.setdefault(self, {})
+        view = views.get(grid)
+        if view is None or (device is not None and any(b.device != device for b in view.buffers())):
+            view = type(self)(grid, self.embed_dim, self.num_heads, **self._build_options)
+            view = view.to(device) if device is not None else view
+            views[grid] = view
+        resizers = view.state_resizers(self.grid)
+        for name, tensor in tensors.items():
+            path, _, leaf = name.rpartition(".")
+            owner = view.get_submodule(path) if path else view
+            owner._parameters.pop(leaf, None)  # a plain attribute from now on: the resized tensor
+            setattr(owner, leaf, resizers[name](tensor) if name in resizers else tensor)
+        return view
 
     def no_weight_decay(self) -> set[str]:
         """Names (relative to this module) of the parameters the optimizer must not decay: by
