@@ -74,7 +74,10 @@ def thin_to_smallest(context_masks: torch.Tensor, generator: torch.Generator | N
 
 
 class MultiBlockMaskSampler:
-    """Sample I-JEPA context and target patch indices on a ``grid_size`` x ``grid_size`` grid.
+    """Sample I-JEPA context and target patch indices on a ``grid_size`` x ``grid_size`` grid, or
+    on a ``(grid_height, grid_width)`` grid (a native-resolution image, ``ijepa.nn.packing``):
+    block areas are then shares of ``grid_height * grid_width``, block sides are clipped to their
+    axis, and indices are row-major ``r * grid_width + c``.
 
     ``sampler(batch_size)`` returns ``context_indices [B, Kc]`` and ``target_indices [B, M, Kt]``,
     row-major patch indices, each row sorted; contexts and targets are disjoint per image. With
@@ -85,7 +88,7 @@ class MultiBlockMaskSampler:
 
     def __init__(
         self,
-        grid_size: int,
+        grid_size: int | tuple[int, int],
         num_target_blocks: int = 4,
         target_scale: tuple[float, float] = (0.15, 0.2),
         target_aspect_ratio: tuple[float, float] = (0.75, 1.5),
@@ -98,15 +101,17 @@ class MultiBlockMaskSampler:
         if context_policy not in CONTEXT_POLICIES:
             raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, got {context_policy!r}.")
         self.context_policy = context_policy
-        if grid_size < 2:
+        height, width = (grid_size, grid_size) if isinstance(grid_size, int) else tuple(grid_size)
+        if height < 2 or width < 2:
             raise ValueError(f"grid_size must be >= 2 patches per side, got {grid_size}.")
         if num_target_blocks < 1:
             raise ValueError(f"num_target_blocks must be >= 1, got {num_target_blocks}.")
-        self.grid_size = grid_size
-        self.num_patches = grid_size * grid_size
+        self.grid_size = grid_size  # as given: an int for square grids
+        self.grid_height, self.grid_width = height, width
+        self.num_patches = height * width
         if not 1 <= min_keep < self.num_patches:
             raise ValueError(
-                f"min_keep must be in [1, {self.num_patches - 1}] on a {grid_size}x{grid_size} grid, got {min_keep}."
+                f"min_keep must be in [1, {self.num_patches - 1}] on a {height}x{width} grid, got {min_keep}."
             )
         if max_tries < 1:
             raise ValueError(f"max_tries must be >= 1, got {max_tries}.")
@@ -126,31 +131,30 @@ class MultiBlockMaskSampler:
         u = torch.rand(2, generator=generator).tolist()
         area = self.num_patches * (scale[0] + u[0] * (scale[1] - scale[0]))
         aspect = aspect_ratio[0] + u[1] * (aspect_ratio[1] - aspect_ratio[0])
-        height = min(max(round(math.sqrt(area * aspect)), 1), self.grid_size)
-        width = min(max(round(math.sqrt(area / aspect)), 1), self.grid_size)
+        height = min(max(round(math.sqrt(area * aspect)), 1), self.grid_height)
+        width = min(max(round(math.sqrt(area / aspect)), 1), self.grid_width)
         return height, width
 
     def place_blocks(
         self, count: int, height: int, width: int, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-left corners ``([count], [count])`` of ``height`` x ``width`` blocks, uniform over the
-        ``(G - height + 1) x (G - width + 1)`` positions inside the grid."""
-        g = self.grid_size
-        top = torch.randint(0, g - height + 1, (count,), generator=generator)
-        left = torch.randint(0, g - width + 1, (count,), generator=generator)
+        ``(G_h - height + 1) x (G_w - width + 1)`` positions inside the grid."""
+        top = torch.randint(0, self.grid_height - height + 1, (count,), generator=generator)
+        left = torch.randint(0, self.grid_width - width + 1, (count,), generator=generator)
         return top, left
 
     def block_indices(self, top: torch.Tensor, left: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """Row-major indices ``[count, height * width]`` of the blocks with the given corners."""
         rows = top[:, None, None] + torch.arange(height)[None, :, None]
         cols = left[:, None, None] + torch.arange(width)[None, None, :]
-        return (rows * self.grid_size + cols).flatten(1)
+        return (rows * self.grid_width + cols).flatten(1)
 
     def _block_masks(self, top: torch.Tensor, left: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """Boolean masks ``[count, N]`` of the blocks with the given corners."""
-        cells = torch.arange(self.grid_size)
-        in_rows = (cells >= top[:, None]) & (cells < top[:, None] + height)
-        in_cols = (cells >= left[:, None]) & (cells < left[:, None] + width)
+        rows, cols = torch.arange(self.grid_height), torch.arange(self.grid_width)
+        in_rows = (rows >= top[:, None]) & (rows < top[:, None] + height)
+        in_cols = (cols >= left[:, None]) & (cols < left[:, None] + width)
         return (in_rows[:, :, None] & in_cols[:, None, :]).flatten(1)
 
     def __call__(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,7 +180,7 @@ class MultiBlockMaskSampler:
                 break
         else:
             raise ValueError(
-                f"could not leave min_keep={self.min_keep} context patches on a {self.grid_size}x{self.grid_size} "
+                f"could not leave min_keep={self.min_keep} context patches on a {self.grid_height}x{self.grid_width} "
                 f"grid after removing {m} target blocks of {target_h}x{target_w} from a {context_h}x{context_w} "
                 f"context block in {self.max_tries} tries: lower num_target_blocks, target_scale or min_keep, "
                 f"or raise context_scale."

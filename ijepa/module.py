@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ijepa.checkpoint import resize_optimizer_states, resize_state_dict
 from ijepa.nn.checks import index_checks
+from ijepa.nn.packing import Packed, pooled_per_image
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.resize import INTERPOLATION_MODES
@@ -374,17 +375,61 @@ class IJEPA(L.LightningModule):
         loss_fn = F.mse_loss if self.hparams.loss == "mse" else F.smooth_l1_loss
         return loss_fn(predictions.float(), targets.float(), reduction=reduction)
 
+    def pooled_target_features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Each image's mean target-encoder feature ``[B, D]`` for a masked batch of either kind
+        (square images or clips; packed native-resolution images), masks ignored."""
+        if "full_values" in batch:
+            full = Packed(batch["full_values"], batch["full_positions"], batch["full_ids"])
+            return pooled_per_image(self.target_encoder.forward_packed(full), full.image_ids, batch["labels"].size(0))
+        return self.features(batch["images"], frame_times=batch.get("frame_times"))
+
+    def predict_packed(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A native-resolution batch (:class:`ijepa.data.native.PackedMaskCollator`) through both
+        branches: ``predictions`` and ``targets`` ``[T, D]`` (every target token of every image,
+        targets layer-normed, without gradient), the context encoder's packed output ``context
+        [S, L, D]`` with ``context_mask`` (real slots) and ``context_pooled [B, D]`` (each image's
+        mean context token), and ``target_features [B, D]``, each image's mean target feature."""
+        if self.hparams.target_last_blocks != 1:
+            raise ValueError("native-resolution batches take target_last_blocks=1 (the last block's output).")
+        num_images = batch["labels"].size(0)
+        full = Packed(batch["full_values"], batch["full_positions"], batch["full_ids"])
+        context_in = Packed(batch["context_values"], batch["context_positions"], batch["context_ids"])
+        layout = Packed(None, batch["pred_positions"], batch["pred_ids"], batch["pred_groups"])
+        target_slot = batch["pred_target_slot"]
+        with torch.no_grad():
+            features = self.target_encoder.forward_packed(full)  # [S_f, L_f, D]
+            normed = F.layer_norm(features, features.shape[-1:])
+            targets = normed.flatten(0, 1)[target_slot[target_slot >= 0]]
+            target_features = pooled_per_image(features, full.image_ids, num_images)
+        context = self.encoder.forward_packed(context_in)
+        predictions = self.predictor.forward_packed(context, layout, batch["pred_context_slot"], target_slot)
+        return {
+            "predictions": predictions,
+            "targets": targets,
+            "context": context,
+            "context_mask": context_in.real,
+            "context_pooled": pooled_per_image(context, context_in.image_ids, num_images),
+            "target_features": target_features,
+        }
+
     def jepa_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss and the target encoder's features of every patch ``[B, N, D]`` (its last block,
-        before the loss's layer norm), for monitors that need them. With SIGReg on, the loss is
-        ``(1 - w) * jepa + w * sigreg`` and both parts are logged (``*/jepa_loss``, ``*/sigreg``)."""
-        out = self.predict_targets(batch)
-        context, target_features, context_mask = out["context"], out["target_features"], batch.get("context_mask")
+        before the loss's layer norm; for native-resolution batches each image's mean ``[B, D]``),
+        for monitors that need them. With SIGReg on, the loss is ``(1 - w) * jepa + w * sigreg``
+        and both parts are logged (``*/jepa_loss``, ``*/sigreg``)."""
+        out = self.predict_packed(batch) if "full_values" in batch else self.predict_targets(batch)
+        context, target_features = out["context"], out["target_features"]
+        context_mask = out.get("context_mask", batch.get("context_mask"))
         loss = self.prediction_loss(out["predictions"], out["targets"])
         if self.sigreg is not None:
             weight = self.hparams.sigreg_weight
             kinds = ("tokens", "pooled") if self.hparams.sigreg_input == "both" else (self.hparams.sigreg_input,)
-            inputs = [self.sigreg_inputs(context, context_mask, kind) for kind in kinds]
+            inputs = [
+                out["context_pooled"]
+                if kind == "pooled" and "context_pooled" in out
+                else self.sigreg_inputs(context, context_mask, kind)
+                for kind in kinds
+            ]
             sigreg = self.sigreg_statistic(inputs)
             if self._trainer is not None:
                 stage = "train" if self.training else ("test" if self.trainer.testing else "val")
@@ -457,7 +502,8 @@ class IJEPA(L.LightningModule):
         :class:`ijepa.callbacks.CollapseMonitor`."""
         loss, target_features = self.jepa_step(batch)
         self.log("val/loss", loss, sync_dist=True)
-        return {"loss": loss, "target_features": target_features.mean(dim=1)}
+        pooled = target_features if target_features.dim() == 2 else target_features.mean(dim=1)
+        return {"loss": loss, "target_features": pooled}
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self.log("test/loss", self.jepa_loss(batch), sync_dist=True)

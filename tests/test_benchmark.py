@@ -2,10 +2,11 @@
 
 import json
 
+import pytest
 import torch
 from conftest import TINY_CONFIG, TINY_MODEL
 
-from ijepa.benchmark import main
+from ijepa.benchmark import main, packing
 from ijepa.benchmark.baseline import SeedIJEPA, python_masks
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
@@ -125,3 +126,12 @@ def test_benchmark_times_the_one_pass_predictor_separately(capsys):
         ]
     )
     assert result["one_pass_images_per_s"] > 0 and "one-pass predictor" in capsys.readouterr().out
+
+
+def test_packing_benchmark_times_packed_against_padded_with_the_same_loss(capsys):
+    args = ["--config", str(TINY_CONFIG), "--batches", "1", "--rounds", "1", "--warmup", "1"]
+    result = packing.main([*args, "--data.native_sides=[2, 4]", "--data.token_budget=32", "--data.batch_size=16"])
+    assert result["loss_packed"] == pytest.approx(result["loss_padded"], rel=1e-4)
+    assert result["sequences_packed"] < result["sequences_padded"] == 16  # padded: one image per sequence
+    assert result["slot_use_packed"] > result["slot_use_padded"]
+    assert "packing / padding" in capsys.readouterr().out

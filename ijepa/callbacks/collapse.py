@@ -94,11 +94,8 @@ class CollapseMonitor(L.Callback):
         features, count = [], 0
         with torch.no_grad():
             for batch in trainer.datamodule.val_dataloader():
-                images = batch["images"].to(pl_module.device)
-                times = (
-                    pl_module.token_times(batch["frame_times"].to(pl_module.device)) if "frame_times" in batch else {}
-                )
-                pooled = pl_module.target_encoder(images, **times).mean(dim=1)[: self.max_samples - count]
+                batch = {k: v.to(pl_module.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+                pooled = pl_module.pooled_target_features(batch)[: self.max_samples - count]
                 features.append(pooled)
                 count += pooled.size(0)
                 if count >= self.max_samples:

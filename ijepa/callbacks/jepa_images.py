@@ -55,7 +55,8 @@ class JEPAImages(Callback):
         self._batch: dict[str, torch.Tensor] | None = None
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        if batch_idx == 0 and not trainer.sanity_checking:
+        # Drawn on one square grid: native-resolution (packed) batches have no such picture.
+        if batch_idx == 0 and not trainer.sanity_checking and "images" in batch:
             self._batch = {k: v for k, v in batch.items() if torch.is_tensor(v)}
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

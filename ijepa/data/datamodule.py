@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from ijepa.data.collate import MaskCollator, collate_samples
+from ijepa.data.native import NativeSizeCrop, PackedMaskCollator
 from ijepa.data.sampling import (
     EpochSampler,
     ResumableDataLoader,
@@ -85,6 +86,15 @@ class IJEPADataModule(L.LightningDataModule):
             this list (each must divide ``image_size``) and samples its masks on that grid; the
             model resizes its kernel and position encoding to match (``docs/native_resolution.md``).
             Validation and the probes keep ``patch_size``. null: every batch uses ``patch_size``.
+        native_sides: native-resolution (NaViT) pretraining: each pretraining image is cropped to
+            ``h x w`` patches, ``h`` and ``w`` drawn from this (min, max) range (at most
+            ``image_size / patch_size``), so sizes and aspect ratios mix; masks are sampled per
+            image on its own grid and the tokens of several images are packed into sequences
+            (``docs/native_resolution.md``). Validation packs the full-size evaluation images the
+            same way. null: every image is ``image_size`` square.
+        token_budget: slots per packed sequence (native_sides); null: one full-size image's tokens.
+        token_drop: NaViT's random token drop: the share of each image's context tokens dropped
+            in pretraining (native_sides), a training-speed lever.
     """
 
     def __init__(
@@ -111,6 +121,9 @@ class IJEPADataModule(L.LightningDataModule):
         tubelet_size: int = 2,
         temporal_scale: tuple[float, float] = (1.0, 1.0),
         train_patch_sizes: list[int] | None = None,
+        native_sides: tuple[int, int] | None = None,
+        token_budget: int | None = None,
+        token_drop: float = 0.0,
     ):
         super().__init__()
         source = STL10Source() if source is None else source
@@ -184,6 +197,40 @@ class IJEPADataModule(L.LightningDataModule):
                     min_keep=min_keep,
                     context_policy=context_policy,
                 )
+        self.native_collators = None
+        if native_sides is not None:
+            if num_frames or train_patch_sizes is not None or masks_per_image != 1:
+                raise ValueError(
+                    "native_sides is for images at one patch size with one mask set each: not with num_frames, "
+                    "train_patch_sizes or masks_per_image > 1."
+                )
+            side = self.grid_size
+            if len(native_sides) != 2 or not 2 <= native_sides[0] <= native_sides[1] <= side:
+                raise ValueError(
+                    f"native_sides must be (min, max) patches per side with 2 <= min <= max <= {side} "
+                    f"(image_size / patch_size), got {native_sides}."
+                )
+            budget = side * side if token_budget is None else token_budget
+            if budget < side * side:
+                raise ValueError(
+                    f"token_budget must hold one full-size image's {side * side} tokens (validation packs "
+                    f"image_size images), got {token_budget}."
+                )
+            masks = dict(
+                num_target_blocks=num_target_blocks,
+                target_scale=target_scale,
+                target_aspect_ratio=target_aspect_ratio,
+                context_scale=context_scale,
+                min_keep=min_keep,
+            )
+            self.native_collators = {
+                "train": PackedMaskCollator(patch_size, (side, side), budget, token_drop, **masks),
+                "val": PackedMaskCollator(patch_size, (side, side), budget, 0.0, **masks),
+            }
+            for sides in ((native_sides[0],) * 2, (native_sides[1],) * 2):  # fail fast on impossible masks
+                self.native_collators["train"].sampler(sides).check()
+        elif token_budget is not None or token_drop:
+            raise ValueError("token_budget and token_drop act on native-resolution batches: set native_sides too.")
         self.num_classes = 10
         self._splits: dict[str, Dataset] = {}
 
@@ -191,7 +238,10 @@ class IJEPADataModule(L.LightningDataModule):
     def train_transform(self) -> v2.Transform:
         """Pretraining augmentation: random resized crop (I-JEPA's only one) and optional flip."""
         hp = self.hparams
-        if hp.crop_scale is None:
+        if hp.native_sides is not None:
+            scale = tuple(hp.crop_scale) if hp.crop_scale is not None else (1.0, 1.0)
+            steps = [v2.ToImage(), NativeSizeCrop(hp.patch_size, tuple(hp.native_sides), scale)]
+        elif hp.crop_scale is None:
             steps = [v2.ToImage(), *self._resize_centre_crop()]
         else:
             steps = [v2.ToImage(), v2.RandomResizedCrop(hp.image_size, scale=tuple(hp.crop_scale), antialias=True)]
@@ -325,7 +375,9 @@ class IJEPADataModule(L.LightningDataModule):
             batch_size=hp.batch_size,
             sampler=sampler,
             num_workers=workers,
-            collate_fn=MaskCollator(self.mask_sampler, hp.masks_per_image, self.patch_samplers),
+            collate_fn=self.native_collators["train"]
+            if self.native_collators
+            else MaskCollator(self.mask_sampler, hp.masks_per_image, self.patch_samplers),
             pin_memory=hp.pin_memory and torch.cuda.is_available(),
             drop_last=True,
             persistent_workers=workers > 0,
@@ -338,7 +390,8 @@ class IJEPADataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         """Masked held-out batches; the masks are the same at every validation."""
         dataset = SeededSamples(self.split("val"), self.sampling_seed())
-        return self._loader(dataset, self.hparams.batch_size, False, MaskCollator(self.mask_sampler))
+        collate = self.native_collators["val"] if self.native_collators else MaskCollator(self.mask_sampler)
+        return self._loader(dataset, self.hparams.batch_size, False, collate)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()

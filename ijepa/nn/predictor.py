@@ -7,6 +7,7 @@ import torch.nn as nn
 
 from ijepa.nn.attention import BlockLayout
 from ijepa.nn.checks import check_indices
+from ijepa.nn.packing import Packed, check_packable
 from ijepa.nn.position import PositionEncoding, build_position_encoding
 from ijepa.nn.vit import Transformer, init_vit_weights, rescale_residual_branches
 
@@ -151,6 +152,27 @@ class Predictor(nn.Module):
         prediction = self.output_proj(tokens[:, -num_targets:])  # [B*M, Kt, D]
         prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
         return prediction.squeeze(1) if single_block else prediction
+
+    def forward_packed(
+        self, context: torch.Tensor, layout: Packed, context_slot: torch.Tensor, target_slot: torch.Tensor
+    ) -> torch.Tensor:
+        """NaViT: predictions for every target token of a packed batch, ``[T, D]`` in slot order.
+
+        ``context [S_c, L_c, D]`` is the context encoder's packed output; ``layout`` the
+        predictor's packed sequences (``positions``, ``image_ids``, ``groups``: group 0 the
+        context, group m the m-th target block, as ``one_pass`` attends: the context sees its
+        image's context, block m that context and itself); ``context_slot [S, L]`` points each
+        group-0 slot at its token in ``context`` (flat index), ``target_slot [S, L]`` is ``>= 0``
+        at the slots to predict."""
+        check_packable(self.position.name, "predictor_pos_embed")
+        check_indices(layout.positions, self.num_patches, "layout.positions")
+        flat = self.input_proj(context).flatten(0, 1)  # [S_c * L_c, Dp]
+        is_context = context_slot >= 0
+        tokens = torch.where(
+            is_context[..., None], flat[context_slot.clamp_min(0)], self.mask_token.to(flat.dtype)
+        )  # [S, L, Dp]
+        tokens = self.transformer(tokens, layout.positions, attn_mask=layout.attention_mask())
+        return self.output_proj(tokens[target_slot >= 0])
 
     def _one_pass(
         self,

@@ -6,9 +6,11 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ijepa.nn.attention import Attention, BlockLayout
 from ijepa.nn.checks import check_indices, check_positive
+from ijepa.nn.packing import Packed, check_packable
 from ijepa.nn.patch import PatchEmbed, gather_patches
 from ijepa.nn.position import AttentionPositions, PositionEncoding, build_position_encoding
 
@@ -249,6 +251,22 @@ class VisionTransformer(nn.Module):
                 )
             tokens = gather_patches(tokens, patch_indices)
         return self.transformer(tokens, patch_indices, token_mask=token_mask, position=position)
+
+    def forward_packed(self, packed: Packed) -> torch.Tensor:
+        """NaViT: images of their own sizes packed into sequences (:mod:`ijepa.nn.packing`), whose
+        ``values [S, L, C p p]`` are patches, ``positions`` canvas positions on this encoder's grid
+        -> features ``[S, L, D]``; every token attends only to its own image's tokens (padding
+        slots hold values to ignore). Position members that act per image only."""
+        check_packable(self.position.name)
+        if packed.values.size(-1) != self.patch_embed.proj.weight[0].numel():
+            raise ValueError(
+                f"packed patches have {packed.values.size(-1)} values, this encoder's patches "
+                f"{self.patch_embed.proj.weight[0].numel()} (C p p)."
+            )
+        check_indices(packed.positions, self.num_patches, "packed.positions")
+        proj = self.patch_embed.proj
+        tokens = F.linear(packed.values, proj.weight.flatten(1), proj.bias)  # the patch convolution, per slot
+        return self.transformer(tokens, packed.positions, attn_mask=packed.attention_mask())
 
     def pooled_features(
         self, images: torch.Tensor, last_blocks: int = 1, patch_size: int | None = None

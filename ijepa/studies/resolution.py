@@ -40,11 +40,11 @@ def knn_top1(model: IJEPA, datamodule: IJEPADataModule, k: int = 20, temperature
     return float(MulticlassAccuracy(num_classes=datamodule.num_classes, average="micro")(scores, query_labels))
 
 
-def load_at(checkpoint: dict, image_size: int) -> IJEPA:
-    """The model of a loaded ``checkpoint`` rebuilt at ``image_size``, weights adapted on load
-    (what ``IJEPA.load_from_checkpoint(path, image_size=...)`` does)."""
+def load_at(checkpoint: dict, image_size: int, patch_size: int | None = None) -> IJEPA:
+    """The model of a loaded ``checkpoint`` rebuilt at ``image_size`` (and ``patch_size``),
+    weights adapted on load (what ``IJEPA.load_from_checkpoint(path, image_size=...)`` does)."""
     hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if not k.startswith("_")}
-    model = IJEPA(**{**hparams, "image_size": image_size})
+    model = IJEPA(**{**hparams, "image_size": image_size, "patch_size": patch_size or hparams["patch_size"]})
     weights = {
         "state_dict": dict(checkpoint["state_dict"]),
         "hyper_parameters": hparams,

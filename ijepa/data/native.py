@@ -1,0 +1,153 @@
+"""Native-resolution (NaViT) pretraining batches: each image on its own patch grid, its masks
+sampled on that grid, the tokens of several images packed into sequences up to a token budget
+(:mod:`ijepa.nn.packing`)."""
+
+from __future__ import annotations
+
+import torch
+from torchvision.transforms import v2
+
+from ijepa.data.sampling import mix_seed
+from ijepa.masks import MultiBlockMaskSampler
+from ijepa.nn.packing import canvas_positions, drop_tokens, pack, pack_greedy, patchify
+
+
+class NativeSizeCrop:
+    """A random resized crop to a size of its own per image: ``h x w`` patches with ``h`` and
+    ``w`` drawn independently and uniformly from ``sides`` (inclusive, in patches), so sizes and
+    aspect ratios mix within a batch. ``[C, H, W] -> [C, h p, w p]``; uses the global RNG, which
+    :class:`~ijepa.data.sampling.SeededSamples` seeds per sample."""
+
+    def __init__(self, patch_size: int, sides: tuple[int, int], scale: tuple[float, float] = (0.3, 1.0)):
+        if not 2 <= sides[0] <= sides[1]:
+            raise ValueError(f"native_sides must be (min, max) patches per side with 2 <= min <= max, got {sides}.")
+        self.patch_size, self.sides, self.scale = patch_size, (int(sides[0]), int(sides[1])), tuple(scale)
+
+    def __call__(self, image):
+        h, w = torch.randint(self.sides[0], self.sides[1] + 1, (2,)).tolist()
+        size = (h * self.patch_size, w * self.patch_size)
+        return v2.RandomResizedCrop(size, scale=self.scale, antialias=True)(image)
+
+
+class PackedMaskCollator:
+    """DataLoader ``collate_fn`` for native-resolution batches of ``(image, label[, seed])``
+    samples whose images differ in size (multiples of ``patch_size``).
+
+    Per image: masks from a :class:`MultiBlockMaskSampler` on its own grid (every context kept
+    whole: no thinning, no padding), then NaViT's ``token_drop`` on the context. The three token
+    sets are packed separately into sequences of at most ``token_budget`` slots (first fit,
+    longest first; an image larger than the budget is an error):
+
+    * ``full_*``: every patch of every image, for the target encoder;
+    * ``context_*``: the context patches, for the context encoder;
+    * ``pred_*``: per image its context slots (group 0) then each target block (groups 1..M),
+      for the predictor. ``pred_context_slot`` points each group-0 slot at its context token
+      (a flat index into ``[S_c * L_c]``), ``pred_target_slot`` each block slot at its target
+      token (a flat index into ``[S_f * L_f]``); ``-1`` elsewhere.
+
+    ``packing=False`` gives every image a sequence of its own, padded to the longest (the
+    baseline packing is measured against, ``ijepa.benchmark.packing``).
+
+    Each set has ``values`` (patch pixels ``[S, L, C p p]``; none for ``pred``), ``positions``
+    (canvas positions on ``canvas``, the model's grid), ``ids`` (image index, ``-1`` padding);
+    the batch also has ``labels [B]`` and ``pred_groups``.
+    """
+
+    def __init__(
+        self,
+        patch_size: int,
+        canvas: tuple[int, int],
+        token_budget: int,
+        token_drop: float = 0.0,
+        packing: bool = True,
+        **mask_options,
+    ):
+        if not 0.0 <= token_drop < 1.0:
+            raise ValueError(f"token_drop must be in [0, 1), got {token_drop}.")
+        self.patch_size, self.canvas, self.budget, self.token_drop = patch_size, tuple(canvas), token_budget, token_drop
+        self.packing = packing
+        self.mask_options = {**mask_options, "context_policy": "pad"}  # one image per call: nothing to pad
+        self._samplers: dict[tuple[int, int], MultiBlockMaskSampler] = {}
+
+    def bins(self, lengths: list[int], budget: int) -> list[list[int]]:
+        """Images grouped into sequences: packed up to ``budget`` slots, or one per sequence."""
+        if not self.packing:
+            return [[i] for i in range(len(lengths))]
+        return pack_greedy(lengths, budget)
+
+    def sampler(self, grid: tuple[int, int]) -> MultiBlockMaskSampler:
+        if grid not in self._samplers:
+            self._samplers[grid] = MultiBlockMaskSampler(grid, **self.mask_options)
+        return self._samplers[grid]
+
+    def __call__(self, samples: list) -> dict[str, torch.Tensor]:
+        generator = None
+        if len(samples[0]) > 2 and isinstance(samples[0][-1], int):
+            generator = torch.Generator().manual_seed(mix_seed(*(sample[-1] for sample in samples)))
+            samples = [sample[:-1] for sample in samples]
+        labels = torch.as_tensor([int(sample[1]) for sample in samples])
+        images = [sample[0] for sample in samples]
+        patches, positions, grids = [], [], []
+        for image in images:
+            grid = (image.size(-2) // self.patch_size, image.size(-1) // self.patch_size)
+            patches.append(patchify(image, self.patch_size))
+            positions.append(canvas_positions(grid, self.canvas))
+            grids.append(grid)
+        contexts, targets = [], []
+        for grid in grids:
+            context, target = self.sampler(grid)(1, generator)  # [1, Kc], [1, M, Kt]
+            contexts.append(context[0])
+            targets.append(target[0])
+        if self.token_drop > 0:
+            kept = drop_tokens([c.numel() for c in contexts], self.token_drop, generator)
+            contexts = [c[k] for c, k in zip(contexts, kept)]
+        full = pack(patches, positions, self.bins([p.size(0) for p in patches], self.budget))
+        context_items = [p[c] for p, c in zip(patches, contexts)]
+        context_positions = [pos[c] for pos, c in zip(positions, contexts)]
+        context = pack(context_items, context_positions, self.bins([c.numel() for c in contexts], self.budget))
+        prediction = self._prediction_layout(full, context, contexts, targets, positions)
+        batch = {"labels": labels}
+        for name, packed in (("full", full), ("context", context)):
+            batch.update(
+                {
+                    f"{name}_values": packed.values,
+                    f"{name}_positions": packed.positions,
+                    f"{name}_ids": packed.image_ids,
+                }
+            )
+        batch.update(prediction)
+        return batch
+
+    def _prediction_layout(self, full, context, contexts, targets, positions) -> dict[str, torch.Tensor]:
+        # where each image's tokens sit in the packed full and context sets (flat slot indices)
+        full_slots = _slots_per_image(full.image_ids, len(contexts))
+        context_slots = _slots_per_image(context.image_ids, len(contexts))
+        sources, pred_positions, groups = [], [], []
+        for i, (context_i, target_i) in enumerate(zip(contexts, targets)):
+            blocks, size = target_i.shape
+            # source: >= 0 a context slot, < -1 encodes -(2 + full slot) of a target token
+            target_full_slot = full_slots[i][target_i.flatten()]
+            sources.append(torch.cat([context_slots[i], -2 - target_full_slot]))
+            pred_positions.append(torch.cat([positions[i][context_i], positions[i][target_i.flatten()]]))
+            block_groups = torch.arange(1, blocks + 1).repeat_interleave(size)
+            groups.append(torch.cat([torch.zeros(context_i.numel(), dtype=torch.long), block_groups]))
+        # an image's context plus its M blocks may outgrow the budget (blocks overlap): such an
+        # image gets a sequence of its own
+        lengths = [s.numel() for s in sources]
+        bins = self.bins(lengths, max(self.budget, max(lengths)))
+        packed = pack([s[:, None] for s in sources], pred_positions, bins, groups)
+        source = packed.values[..., 0]
+        real = packed.image_ids >= 0
+        return {
+            "pred_positions": packed.positions,
+            "pred_ids": packed.image_ids,
+            "pred_groups": packed.groups,
+            "pred_context_slot": torch.where(real & (source >= 0), source, -1),
+            "pred_target_slot": torch.where(real & (source < -1), -2 - source, -1),
+        }
+
+
+def _slots_per_image(image_ids: torch.Tensor, num_images: int) -> list[torch.Tensor]:
+    """For each image, the flat slot indices of its tokens in packing order."""
+    flat = image_ids.flatten()
+    return [torch.nonzero(flat == i)[:, 0] for i in range(num_images)]
