@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ijepa.checkpoint import resize_optimizer_states, resize_state_dict
 from ijepa.nn.checks import index_checks
-from ijepa.nn.packing import Packed, pooled_per_image
+from ijepa.nn.packing import Packed, canvas_positions, pack, pack_greedy, patchify, pooled_per_image
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.resize import INTERPOLATION_MODES
@@ -374,6 +374,21 @@ class IJEPA(L.LightningModule):
         """The JEPA loss (``model.loss``: smooth L1 or MSE) between predictions and targets, in float32."""
         loss_fn = F.mse_loss if self.hparams.loss == "mse" else F.smooth_l1_loss
         return loss_fn(predictions.float(), targets.float(), reduction=reduction)
+
+    @torch.no_grad()
+    def native_features(
+        self, images: list[torch.Tensor], encoder: str = "target", token_budget: int | None = None
+    ) -> torch.Tensor:
+        """Mean-pooled features ``[B, D]`` of images at their own sizes (each ``[C, H, W]``, sides
+        multiples of the patch size, at most ``image_size``), packed several to a sequence of
+        ``token_budget`` slots (default: one full-size image's tokens) and pooled per image."""
+        patch, side = self.hparams.patch_size, self.hparams.image_size // self.hparams.patch_size
+        patches = [patchify(image, patch) for image in images]
+        positions = [canvas_positions((im.size(-2) // patch, im.size(-1) // patch), (side, side)) for im in images]
+        bins = pack_greedy([x.size(0) for x in patches], token_budget or side * side)
+        packed = pack(patches, positions, bins)
+        network = self.target_encoder if encoder == "target" else self.encoder
+        return pooled_per_image(network.forward_packed(packed), packed.image_ids, len(images))
 
     def pooled_target_features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Each image's mean target-encoder feature ``[B, D]`` for a masked batch of either kind

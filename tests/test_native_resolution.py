@@ -141,3 +141,19 @@ def test_ijepa_fit_trains_on_packed_native_resolution_batches(tmp_path):
         cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
     assert cli.trainer.global_step == 4
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+
+def test_native_features_pool_each_image_at_its_own_size():
+    torch.manual_seed(0)
+    model = IJEPA(**MODEL, pos_embed="rope_mixed", predictor_pos_embed="sincos").eval()
+    full = torch.randn(2, 3, 48, 48)
+    small = [torch.randn(3, 24, 40), torch.randn(3, 16, 16)]
+    pooled = model.native_features([full[0], *small, full[1]])
+    assert pooled.shape == (4, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(pooled[[0, 3]], model.features(full), rtol=1e-5, atol=1e-5)
+        for image, got in zip(small, pooled[1:3]):
+            grid = (image.size(-2) // 8, image.size(-1) // 8)
+            tokens = model.target_encoder.patch_embed.proj(image[None]).flatten(2).transpose(1, 2)
+            alone = model.target_encoder.transformer(tokens, canvas_positions(grid, (6, 6))[None])
+            torch.testing.assert_close(got, alone[0].mean(0), rtol=1e-5, atol=1e-5)

@@ -227,8 +227,7 @@ class IJEPADataModule(L.LightningDataModule):
                 "train": PackedMaskCollator(patch_size, (side, side), budget, token_drop, **masks),
                 "val": PackedMaskCollator(patch_size, (side, side), budget, 0.0, **masks),
             }
-            for sides in ((native_sides[0],) * 2, (native_sides[1],) * 2):  # fail fast on impossible masks
-                self.native_collators["train"].sampler(sides).check()
+            self.native_collators["train"].check(tuple(native_sides))  # fail fast on impossible masks
         elif token_budget is not None or token_drop:
             raise ValueError("token_budget and token_drop act on native-resolution batches: set native_sides too.")
         self.num_classes = 10

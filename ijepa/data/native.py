@@ -34,7 +34,10 @@ class PackedMaskCollator:
     samples whose images differ in size (multiples of ``patch_size``).
 
     Per image: masks from a :class:`MultiBlockMaskSampler` on its own grid (every context kept
-    whole: no thinning, no padding), then NaViT's ``token_drop`` on the context. The three token
+    whole: no thinning, no padding), then NaViT's ``token_drop`` on the context. Two settings
+    follow the image: the context block's aspect ratio is relative to the grid's (aspect 1 means
+    the image's own shape, as it means the square on the fixed grid), and ``min_keep`` scales with
+    the image's share of the full grid's patches (at least 1). The three token
     sets are packed separately into sequences of at most ``token_budget`` slots (first fit,
     longest first; an image larger than the budget is an error):
 
@@ -67,6 +70,7 @@ class PackedMaskCollator:
         self.patch_size, self.canvas, self.budget, self.token_drop = patch_size, tuple(canvas), token_budget, token_drop
         self.packing = packing
         self.mask_options = {**mask_options, "context_policy": "pad"}  # one image per call: nothing to pad
+        self.mask_options.setdefault("max_tries", 100)  # one image per call: retries are cheap
         self._samplers: dict[tuple[int, int], MultiBlockMaskSampler] = {}
 
     def bins(self, lengths: list[int], budget: int) -> list[list[int]]:
@@ -76,9 +80,24 @@ class PackedMaskCollator:
         return pack_greedy(lengths, budget)
 
     def sampler(self, grid: tuple[int, int]) -> MultiBlockMaskSampler:
+        """The mask sampler of an image with a ``grid = (h, w)`` of patches."""
         if grid not in self._samplers:
-            self._samplers[grid] = MultiBlockMaskSampler(grid, **self.mask_options)
+            options = dict(self.mask_options)
+            aspect = grid[0] / grid[1]
+            low, high = options.pop("context_aspect_ratio", (1.0, 1.0))
+            full = self.canvas[0] * self.canvas[1]
+            min_keep = max(1, round(options.pop("min_keep", 4) * grid[0] * grid[1] / full))
+            self._samplers[grid] = MultiBlockMaskSampler(
+                grid, context_aspect_ratio=(low * aspect, high * aspect), min_keep=min_keep, **options
+            )
         return self._samplers[grid]
+
+    def check(self, sides: tuple[int, int]) -> None:
+        """Fail fast (ValueError) if the masks cannot be drawn on some grid with both sides in
+        ``sides`` (min, max)."""
+        for h in range(sides[0], sides[1] + 1):
+            for w in range(sides[0], sides[1] + 1):
+                self.sampler((h, w)).check(tries=4, batch_size=32)
 
     def __call__(self, samples: list) -> dict[str, torch.Tensor]:
         generator = None
