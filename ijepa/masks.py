@@ -16,6 +16,13 @@ holds them:
   repeating their last index, and the collator adds ``context_mask [B, Kc]`` (True for real
   tokens) so the encoder and predictor ignore the padding.
 
+* ``static``: every batch of a run has the same shapes, so a compiled step is captured once
+  (``docs/benchmarks.md``). Contexts are cut at random to, or padded up to, one count per run
+  (the 5th percentile of the per-image context sizes, measured on the sampler's own draws), and
+  target blocks, still drawn per batch, are padded to the largest block the draw can produce by
+  repeating their last index; the collator adds ``context_mask`` and ``target_mask`` (True for
+  real tokens), which the model uses to ignore the padding.
+
 ``thin`` is the default because it measured better (``docs/training.md``).
 """
 
@@ -25,7 +32,8 @@ import math
 
 import torch
 
-CONTEXT_POLICIES = ("pad", "thin")
+CONTEXT_POLICIES = ("pad", "thin", "static")
+STATIC_CONTEXT_QUANTILE = 0.05  # the static context count: this quantile of the per-image context sizes
 
 
 def _check_range(value: tuple[float, float], name: str, low: float, high: float) -> tuple[float, float]:
@@ -53,6 +61,32 @@ def context_padding_mask(context_indices: torch.Tensor) -> torch.Tensor:
     real = torch.ones_like(context_indices, dtype=torch.bool)
     real[:, 1:] = context_indices[:, 1:] != context_indices[:, :-1]
     return real
+
+
+def fix_context_count(
+    context_masks: torch.Tensor, count: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Boolean contexts ``[B, N]`` -> indices ``[B, count]``: a row with more context keeps a
+    uniformly random ``count`` of it, a row with less keeps all and repeats its last index (so
+    :func:`context_padding_mask` recovers the real entries). Real indices in increasing order."""
+    batch_size, num_patches = context_masks.shape
+    keys = torch.rand(batch_size, num_patches, generator=generator, dtype=torch.float64)
+    keys.masked_fill_(~context_masks, 2.0)
+    order = keys.argsort(dim=1)[:, :count]  # each row's context first (keys < 1), in random order
+    kept = context_masks.sum(1).clamp(max=count)
+    real = torch.arange(count)[None, :] < kept[:, None]
+    indices = torch.where(real, order, num_patches).sort(dim=1).values  # real ones first, ascending
+    last = indices.gather(1, (kept - 1).clamp_min(0)[:, None])
+    return torch.where(real, indices, last)
+
+
+def pad_blocks(target_indices: torch.Tensor, size: int) -> torch.Tensor:
+    """Target blocks ``[B, M, Kt]`` -> ``[B, M, size]`` by repeating each block's last index
+    (real indices increase within a block, so :func:`context_padding_mask` finds the padding)."""
+    if target_indices.size(-1) > size:
+        raise ValueError(f"a target block of {target_indices.size(-1)} patches exceeds the static size {size}.")
+    last = target_indices[..., -1:].expand(*target_indices.shape[:-1], size - target_indices.size(-1))
+    return torch.cat([target_indices, last], dim=-1)
 
 
 def thin_to_smallest(context_masks: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -122,6 +156,24 @@ class MultiBlockMaskSampler:
         self.context_aspect_ratio = _check_range(context_aspect_ratio, "context_aspect_ratio", 0.0, math.inf)
         self.min_keep = min_keep
         self.max_tries = max_tries
+        if context_policy == "static":
+            self.static_targets = max(
+                h * w for h, w in self.reachable_shapes(self.target_scale, self.target_aspect_ratio)
+            )
+            counts = self.draw(2048, torch.Generator().manual_seed(0))[0].sum(1).double()
+            self.static_context = max(min_keep, int(counts.quantile(STATIC_CONTEXT_QUANTILE)))
+
+    def reachable_shapes(
+        self, scale: tuple[float, float], aspect_ratio: tuple[float, float], steps: int = 401
+    ) -> set[tuple[int, int]]:
+        """Every ``(height, width)`` :meth:`block_shape` draws, found on a ``steps x steps`` grid
+        of its two uniform draws (rounding makes each shape an interval of them)."""
+        u = torch.linspace(0.0, 1.0, steps, dtype=torch.float64)
+        area = self.num_patches * (scale[0] + u[:, None] * (scale[1] - scale[0]))
+        aspect = aspect_ratio[0] + u[None, :] * (aspect_ratio[1] - aspect_ratio[0])
+        heights = (area * aspect).sqrt().round().clamp(1, self.grid_height).long()
+        widths = (area / aspect).sqrt().round().clamp(1, self.grid_width).long()
+        return set(zip(heights.flatten().tolist(), widths.flatten().tolist()))
 
     def block_shape(
         self, scale: tuple[float, float], aspect_ratio: tuple[float, float], generator: torch.Generator | None = None
@@ -158,6 +210,14 @@ class MultiBlockMaskSampler:
         return (in_rows[:, :, None] & in_cols[:, None, :]).flatten(1)
 
     def __call__(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        context_masks, target_indices = self.draw(batch_size, generator)
+        if self.context_policy == "static":
+            target_indices = pad_blocks(target_indices, self.static_targets)
+        return self.batch_contexts(context_masks, generator), target_indices
+
+    def draw(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch's boolean contexts ``[B, N]`` and target blocks ``[B, M, Kt]`` (before the
+        context policy)."""
         m = self.num_target_blocks
         target_h, target_w = self.block_shape(self.target_scale, self.target_aspect_ratio, generator)
         context_h, context_w = self.block_shape(self.context_scale, self.context_aspect_ratio, generator)
@@ -185,13 +245,14 @@ class MultiBlockMaskSampler:
                 f"context block in {self.max_tries} tries: lower num_target_blocks, target_scale or min_keep, "
                 f"or raise context_scale."
             )
-
-        return self.batch_contexts(context_masks, generator), target_indices
+        return context_masks, target_indices
 
     def batch_contexts(self, context_masks: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Boolean contexts ``[B, N]`` -> ``context_indices [B, Kc]`` under ``context_policy``."""
         if self.context_policy == "pad":
             return pad_to_longest(context_masks)
+        if self.context_policy == "static":
+            return fix_context_count(context_masks, self.static_context, generator)
         return thin_to_smallest(context_masks, generator)
 
     def check(self, tries: int = 8, batch_size: int = 64) -> None:
@@ -224,6 +285,8 @@ class SpatioTemporalMaskSampler(MultiBlockMaskSampler):
         max_tries: int = 20,
         context_policy: str = "thin",
     ):
+        if context_policy == "static":
+            raise ValueError("context_policy 'static' is for image masks; clips take 'thin' or 'pad'.")
         super().__init__(
             grid_size,
             num_target_blocks,

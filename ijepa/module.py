@@ -106,6 +106,10 @@ class IJEPA(L.LightningModule):
             temporal tokens (``tubelet_size / clip_fps``) so timestamps rotate as much as frame
             indices would; at 1 s a 0.1 s gap barely rotates anything.
         compile: wrap the encoders and predictor in ``torch.compile`` (state-dict keys unchanged).
+        compile_options: keyword arguments of that ``torch.compile`` (default ``{dynamic: true}``,
+            for masks whose token counts change per batch). With ``data.context_policy: static``
+            every batch has the same shapes: ``{dynamic: false, mode: reduce-overhead}`` captures
+            the step once (CUDA graphs on a GPU).
         debug_checks: run the host-syncing index range checks inside every step (off: the
             indices come from the mask sampler and the collator checks them on the CPU).
     """
@@ -168,6 +172,7 @@ class IJEPA(L.LightningModule):
         tubelet_size: int = 2,
         time_unit: float = 1.0,
         compile: bool = False,
+        compile_options: dict | None = None,
         debug_checks: bool = False,
     ):
         super().__init__()
@@ -257,8 +262,9 @@ class IJEPA(L.LightningModule):
     def configure_model(self) -> None:
         if self.hparams.compile and not getattr(self, "_compiled", False):
             # nn.Module.compile compiles in place: parameters and state-dict keys stay as they are.
+            options = {"dynamic": True, **(self.hparams.compile_options or {})}
             for network in (self.encoder, self.target_encoder, self.predictor):
-                network.compile(dynamic=True)
+                network.compile(**options)
             self._compiled = True
 
     def train(self, mode: bool = True) -> IJEPA:
@@ -364,9 +370,18 @@ class IJEPA(L.LightningModule):
                 times = {name: value.repeat(repeats, *(1,) * (value.dim() - 1)) for name, value in times.items()}
             context = self.encoder(images, context_indices, token_mask=context_mask, **times, **flexi)
             predictions = self.predictor(
-                context, context_indices, target_indices, context_mask=context_mask, **times, **predictor_grid
+                context,
+                context_indices,
+                target_indices,
+                context_mask=context_mask,
+                target_mask=batch.get("target_mask"),
+                **times,
+                **predictor_grid,
             )
-        return {"predictions": predictions, "targets": targets, "context": context, "target_features": target_features}
+        out = {"predictions": predictions, "targets": targets, "context": context, "target_features": target_features}
+        if "target_mask" in batch:  # static shapes: padded target slots, left out of the loss
+            out["target_mask"] = batch["target_mask"]
+        return out
 
     def prediction_loss(
         self, predictions: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
@@ -435,7 +450,12 @@ class IJEPA(L.LightningModule):
         out = self.predict_packed(batch) if "full_values" in batch else self.predict_targets(batch)
         context, target_features = out["context"], out["target_features"]
         context_mask = out.get("context_mask", batch.get("context_mask"))
-        loss = self.prediction_loss(out["predictions"], out["targets"])
+        if "target_mask" in out:
+            per_value = self.prediction_loss(out["predictions"], out["targets"], reduction="none")  # [R*B, M, Kt, D]
+            weights = out["target_mask"].to(per_value.dtype)[..., None]
+            loss = (per_value * weights).sum() / (weights.sum() * per_value.size(-1))
+        else:
+            loss = self.prediction_loss(out["predictions"], out["targets"])
         if self.sigreg is not None:
             weight = self.hparams.sigreg_weight
             kinds = ("tokens", "pooled") if self.hparams.sigreg_input == "both" else (self.hparams.sigreg_input,)

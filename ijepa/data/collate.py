@@ -17,7 +17,8 @@ class MaskCollator:
 
     Returns a dict with ``images [B, C, H, W]`` (clips ``[B, C, T, H, W]``), ``labels [B]``,
     ``context_indices [B, Kc]``, ``target_indices [B, M, Kt]``, with the sampler's
-    ``context_policy="pad"`` also ``context_mask [B, Kc]`` (True for real context tokens), and, for
+    ``context_policy="pad"`` or ``"static"`` also ``context_mask [B, Kc]`` (True for real context
+    tokens), with ``"static"`` also ``target_mask [B, M, Kt]`` (True for real target tokens), and, for
     clips that carry them, ``frame_times [B, T]`` (seconds). With ``masks_per_image = R > 1`` the
     mask tensors have ``R * B`` rows: row ``r * B + i`` is the ``r``-th mask set of image ``i`` (the
     first ``B`` rows are an ordinary batch's masks), so one target-encoder pass serves ``R``
@@ -62,8 +63,10 @@ class MaskCollator:
         check_indices(context_indices, sampler.num_patches, "context_indices")
         check_indices(target_indices.flatten(1), sampler.num_patches, "target_indices")
         masks = {"context_indices": context_indices, "target_indices": target_indices}
-        if sampler.context_policy == "pad":
+        if sampler.context_policy in ("pad", "static"):
             masks["context_mask"] = context_padding_mask(context_indices)
+        if sampler.context_policy == "static":  # blocks padded to one size: which entries are real
+            masks["target_mask"] = context_padding_mask(target_indices.flatten(0, 1)).view_as(target_indices)
         return {**batch, **masks}
 
 

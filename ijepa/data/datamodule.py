@@ -71,7 +71,9 @@ class IJEPADataModule(L.LightningDataModule):
         min_keep: fewest context patches left after removing the targets.
         context_policy: how a batch holds contexts of different lengths: ``thin`` (official I-JEPA:
             every context cut at random to the batch's shortest) or ``pad`` (each image keeps its
-            whole context, padded to the batch's longest, with ``context_mask`` in the batch).
+            whole context, padded to the batch's longest, with ``context_mask`` in the batch) or
+            ``static`` (one context count and one target-block size for the whole run, padded
+            and masked, so a compiled step is captured once: ``docs/benchmarks.md``).
         masks_per_image: mask sets sampled per pretraining image; the model predicts each from its
             own context against one target-encoder pass (data2vec 2.0's multi-mask). Validation
             batches keep one, so ``val/loss`` does not depend on it.

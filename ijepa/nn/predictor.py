@@ -24,7 +24,8 @@ class Predictor(nn.Module):
     ``forward(context [B, Kc, D], context_indices [B, Kc], target_indices [B, M, Kt] or [B, Kt],
     frame_times, context_mask [B, Kc] | None)`` returns ``[B, M, Kt, D]`` (or ``[B, Kt, D]``);
     ``context_mask`` (True for real tokens) marks padding in the context, which no query sees;
-    ``grid`` gives the indices' grid when it is not the predictor's own (a FlexiViT step at another
+    ``target_mask [B, M, Kt]`` (True for real targets) marks padded target slots (static
+    shapes), which no query sees as a key; their predictions are to be ignored. ``grid`` gives the indices' grid when it is not the predictor's own (a FlexiViT step at another
     patch size: the position encoding's view on that grid). ``grid_size`` is the side of an image grid, or
     ``(T', H', W')`` for clips with a video position encoding (``sincos_3d``, ``learned_3d``,
     ``mrope``; M-RoPE also takes ``frame_times [B, T']``).
@@ -102,6 +103,7 @@ class Predictor(nn.Module):
         frame_times: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
         grid: tuple[int, ...] | None = None,
+        target_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         position = self.position if grid is None else self.position.at_grid(grid)
         if context.dim() != 3 or context.size(-1) != self.embed_dim:
@@ -124,9 +126,10 @@ class Predictor(nn.Module):
         check_indices(target_indices, position.num_positions, "target_indices")
 
         if self.mode == "one_pass":
-            flat_targets = target_indices.view(batch, num_blocks * num_targets)
+            flat_targets = target_indices.reshape(batch, num_blocks * num_targets)
+            flat_mask = None if target_mask is None else target_mask.reshape(batch, num_blocks * num_targets)
             prediction = self._one_pass(
-                context, context_indices, flat_targets, num_blocks, frame_times, context_mask, position
+                context, context_indices, flat_targets, num_blocks, frame_times, context_mask, position, flat_mask
             )
             prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
             return prediction.squeeze(1) if single_block else prediction
@@ -140,14 +143,15 @@ class Predictor(nn.Module):
         if frame_times is not None:
             frame_times = frame_times.repeat_interleave(num_blocks, dim=0)  # one row per sequence
         token_mask = None
-        if context_mask is not None:
-            token_mask = torch.cat(
-                [
-                    context_mask.repeat_interleave(num_blocks, dim=0),
-                    context_mask.new_ones(batch * num_blocks, num_targets),
-                ],
-                dim=1,
+        if context_mask is not None or target_mask is not None:
+            ones = torch.ones(batch * num_blocks, 1, dtype=torch.bool, device=context.device)
+            context_part = (
+                ones.expand(-1, context.size(1))
+                if context_mask is None
+                else context_mask.repeat_interleave(num_blocks, dim=0)
             )
+            target_part = ones.expand(-1, num_targets) if target_mask is None else target_mask.reshape(-1, num_targets)
+            token_mask = torch.cat([context_part, target_part], dim=1)
         tokens = self.transformer(tokens, indices, frame_times=frame_times, token_mask=token_mask, position=position)
         prediction = self.output_proj(tokens[:, -num_targets:])  # [B*M, Kt, D]
         prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
@@ -183,6 +187,7 @@ class Predictor(nn.Module):
         frame_times: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
         position: PositionEncoding | None = None,
+        target_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[B, Kc, D]``, ``[B, Kc]``, ``[B, M*Kt]`` -> predictions ``[B, M*Kt, D]``; with a
         ``context_mask`` the block structure becomes an explicit boolean mask (no mask-free path)."""
@@ -192,12 +197,16 @@ class Predictor(nn.Module):
         tokens = torch.cat([x, queries], dim=1)
         indices = torch.cat([context_indices, target_indices], dim=1)
         num_targets = target_indices.size(1) // num_blocks
-        if context_mask is None:
+        if context_mask is None and target_mask is None:
             layout = BlockLayout(num_context, num_blocks, num_targets)
             tokens = self.transformer(tokens, indices, attn_mask=layout, frame_times=frame_times, position=position)
         else:
             structure = block_attention_mask(num_context, num_blocks, num_targets, tokens.device)
-            token_mask = torch.cat([context_mask, context_mask.new_ones(batch, target_indices.size(1))], dim=1)
+            context_part = (
+                context_mask if context_mask is not None else torch.ones_like(context_indices, dtype=torch.bool)
+            )
+            target_part = target_mask if target_mask is not None else torch.ones_like(target_indices, dtype=torch.bool)
+            token_mask = torch.cat([context_part, target_part], dim=1)
             tokens = self.transformer(
                 tokens, indices, attn_mask=structure, frame_times=frame_times, token_mask=token_mask, position=position
             )
