@@ -411,7 +411,7 @@ class IJEPA(L.LightningModule):
         if "full_values" in batch:
             full = Packed(batch["full_values"], batch["full_positions"], batch["full_ids"])
             return pooled_per_image(self.target_encoder.forward_packed(full), full.image_ids, batch["labels"].size(0))
-        return self.features(batch["images"], frame_times=batch.get("frame_times"))
+        return self.target_encoder(batch["images"], **self.token_times(batch.get("frame_times"))).mean(dim=1)
 
     def predict_packed(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A native-resolution batch (:class:`ijepa.data.native.PackedMaskCollator`) through both

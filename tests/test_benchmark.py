@@ -135,3 +135,13 @@ def test_packing_benchmark_times_packed_against_padded_with_the_same_loss(capsys
     assert result["sequences_packed"] < result["sequences_padded"] == 16  # padded: one image per sequence
     assert result["slot_use_packed"] > result["slot_use_padded"]
     assert "packing / padding" in capsys.readouterr().out
+
+
+def test_benchmark_times_the_static_shape_compiled_step_beside_the_eager_one(capsys):
+    args = ["--config", str(TINY_CONFIG), "--steps", "2", "--rounds", "1", "--warmup", "2", "--no-baseline"]
+    args += ["--no-knn", "--no-data", "--mask-repeats", "2", "--static-compiled", "--compile-backend", "eager"]
+    result = main(args)
+    context, targets = result["static_shapes"]
+    assert context >= 2 and targets >= 1  # one count per run: the tiny config's static masks
+    assert result["static_compiled_images_per_s"] > 0 and result["static_compiled_over_eager"] > 0
+    assert "static shapes + torch.compile" in capsys.readouterr().out

@@ -13,6 +13,9 @@ sampler (no dataset needed):
 * peak memory (CUDA allocator, or the process's peak RSS on CPU);
 * the same step with the one-pass predictor (``model.predictor_mode=one_pass``), an option that
   changes the math, reported on its own line;
+* with ``--static-compiled``, the step on static-shape masks (``data.context_policy=static``)
+  under ``torch.compile(dynamic=False)`` (``--compile-mode reduce-overhead``: CUDA graphs), timed
+  in the same rounds as the eager step;
 * mask sampling in masks/s on one process, ours and per-sample Python;
 * what one DataLoader worker delivers in images/s (augmentation under per-sample seeding, then
   collation with masks), against the training step's images/s;
@@ -25,6 +28,7 @@ run; machines are noisy, so report ratios.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import resource
@@ -41,6 +45,7 @@ from ijepa.cli import instantiate
 from ijepa.data.collate import MaskCollator
 from ijepa.data.sampling import SeededSamples
 from ijepa.data.sources import DataSource, ShapesSource, STL10Source
+from ijepa.masks import MultiBlockMaskSampler, context_padding_mask
 
 
 def probe_sizes(source: DataSource) -> tuple[int, int]:
@@ -205,6 +210,10 @@ def run(args: argparse.Namespace) -> dict:
     # the one-pass predictor refuses encodings that mix tokens after a block (peg)
     if args.one_pass and model.predictor.mode == "per_block" and "after_block" not in model.predictor.position.hooks():
         variants["one_pass"] = (ours, True, "one_pass")
+    if args.static_compiled:
+        compile_options = {"mode": args.compile_mode, "backend": args.compile_backend}
+        static_step, static_model = static_compiled_step(model, datamodule, device, autocast, compile_options)
+        variants["static_compiled"] = (static_step, True, None)
     if baseline is not None:
         base_optimizer = torch.optim.AdamW(
             [p for p in baseline.parameters() if p.requires_grad], lr=1e-4, foreach=False
@@ -251,6 +260,15 @@ def run(args: argparse.Namespace) -> dict:
         result["mfu"] = achieved / (args.peak_tflops * 1e12)
     if "one_pass" in median:
         result["one_pass_images_per_s"] = hp.batch_size / median["one_pass"]
+    if "static_compiled" in median:
+        result["static_compiled_images_per_s"] = hp.batch_size / median["static_compiled"]
+        result["static_compiled_over_eager"] = median["ours"] / median["static_compiled"]
+        result["static_shapes"] = static_model.static_shapes
+        if args.peak_tflops:
+            result["static_compiled_mfu"] = (
+                result["flops_per_step"] / median["static_compiled"] / (args.peak_tflops * 1e12)
+            )
+        del static_model
     if "baseline" in median:
         result["baseline_images_per_s"] = hp.batch_size / median["baseline"]
         result["speedup"] = median["baseline"] / median["ours"]
@@ -310,6 +328,58 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def static_compiled_step(model, datamodule, device: torch.device, autocast, options: dict):
+    """A copy of ``model`` compiled for static shapes (``dynamic=False``, plus the non-None
+    ``options`` of ``torch.compile``: ``mode="reduce-overhead"`` for CUDA graphs) and its training step (forward, backward, AdamW, EMA) on
+    batches from the config's mask settings under ``context_policy="static"``: ``(step, model)``,
+    the model carrying ``static_shapes`` (context count, target block size)."""
+    sampler = datamodule.mask_sampler
+    static = MultiBlockMaskSampler(
+        sampler.grid_size,
+        sampler.num_target_blocks,
+        sampler.target_scale,
+        sampler.target_aspect_ratio,
+        sampler.context_scale,
+        sampler.context_aspect_ratio,
+        sampler.min_keep,
+        sampler.max_tries,
+        context_policy="static",
+    )
+    hp = datamodule.hparams
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(4):
+        images = torch.randn(hp.batch_size, 3, hp.image_size, hp.image_size, generator=generator)
+        context, targets = static(hp.batch_size, generator)
+        batch = {
+            "images": images,
+            "context_indices": context,
+            "target_indices": targets,
+            "context_mask": context_padding_mask(context),
+            "target_mask": context_padding_mask(targets.flatten(0, 1)).view_as(targets),
+        }
+        batches.append({k: v.to(device) for k, v in batch.items()})
+    compiled = copy.deepcopy(model)
+    compiled.hparams.compile = True
+    compiled.hparams.compile_options = {"dynamic": False, **{k: v for k, v in options.items() if v is not None}}
+    compiled._compiled = False
+    compiled.configure_model()
+    compiled.static_shapes = (static.static_context, static.static_targets)
+    optimizer = compiled.build_optimizer()
+    target_params, online_params = EMATargetUpdate(0.996).parameter_pairs(compiled)
+
+    def step(i: int) -> None:
+        with autocast:
+            loss = compiled.jepa_loss(batches[i % len(batches)])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            ema_update_(target_params, online_params, 0.996)
+
+    return step, compiled
+
+
 def format_table(result: dict) -> str:
     rows = [("training step (images/s)", f"{result['images_per_s']:.1f}")]
     if "baseline_images_per_s" in result:
@@ -327,6 +397,17 @@ def format_table(result: dict) -> str:
         rows.append(("one-pass predictor, different math (images/s)", f"{result['one_pass_images_per_s']:.1f}"))
         if "one_pass_speedup" in result:
             rows.append(("  speedup over the baseline", f"{result['one_pass_speedup']:.2f}x"))
+    if "static_compiled_images_per_s" in result:
+        context, targets = result["static_shapes"]
+        rows += [
+            (
+                f"static shapes + torch.compile (context {context}, blocks of {targets}) (images/s)",
+                f"{result['static_compiled_images_per_s']:.1f}",
+            ),
+            ("  over the eager step", f"{result['static_compiled_over_eager']:.2f}x"),
+        ]
+        if "static_compiled_mfu" in result:
+            rows.append(("  model FLOP utilisation", f"{100 * result['static_compiled_mfu']:.1f}%"))
     rows += [
         ("model GFLOPs per step (fwd + bwd)", f"{result['flops_per_step'] / 1e9:.1f}"),
         ("achieved TFLOP/s", f"{result['achieved_tflops']:.3f}"),
@@ -373,6 +454,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default=None)
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for MFU")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false")
+    parser.add_argument(
+        "--static-compiled",
+        action="store_true",
+        help="also time the step with static shapes (context_policy=static) under torch.compile(dynamic=False)",
+    )
+    parser.add_argument(
+        "--compile-mode", default=None, help="torch.compile mode of --static-compiled (GPU: reduce-overhead)"
+    )
+    parser.add_argument("--compile-backend", default=None, help="torch.compile backend of --static-compiled (inductor)")
     parser.add_argument("--no-knn", dest="knn", action="store_false")
     parser.add_argument("--no-data", dest="data", action="store_false", help="skip timing one DataLoader worker")
     parser.add_argument("--data-repeats", type=int, default=3)
