@@ -42,10 +42,10 @@ from ijepa.benchmark.baseline import SeedIJEPA, python_masks
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
 from ijepa.callbacks.knn import knn_scores
 from ijepa.cli import instantiate
-from ijepa.data.collate import MaskCollator
+from ijepa.data.collate import MaskCollator, mask_entries
 from ijepa.data.sampling import SeededSamples
 from ijepa.data.sources import DataSource, ShapesSource, STL10Source
-from ijepa.masks import MultiBlockMaskSampler, context_padding_mask
+from ijepa.masks import MultiBlockMaskSampler
 
 
 def probe_sizes(source: DataSource) -> tuple[int, int]:
@@ -82,17 +82,19 @@ def build(config: str, overrides: list[str]):
     return instantiate(config, overrides)
 
 
-def synthetic_batches(datamodule, count: int, device: torch.device, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """``count`` masked batches of random images at the config's size and batch size."""
+def synthetic_batches(
+    datamodule, count: int, device: torch.device, seed: int = 0, sampler: MultiBlockMaskSampler | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """``count`` masked batches of random images at the config's size and batch size, masks from
+    ``sampler`` (default: the data's own) with the entries its context policy adds."""
     hp = datamodule.hparams
+    sampler = sampler or datamodule.mask_sampler
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(count):
         images = torch.randn(hp.batch_size, 3, hp.image_size, hp.image_size, generator=generator)
-        context, targets = datamodule.mask_sampler(hp.batch_size, generator)
-        batches.append(
-            {"images": images.to(device), "context_indices": context.to(device), "target_indices": targets.to(device)}
-        )
+        masks = mask_entries(sampler, *sampler(hp.batch_size, generator))
+        batches.append({k: v.to(device) for k, v in {"images": images, **masks}.items()})
     return batches
 
 
@@ -182,17 +184,7 @@ def run(args: argparse.Namespace) -> dict:
 
     # --- training steps --------------------------------------------------------------------------
     optimizer = model.build_optimizer()
-    ema = EMATargetUpdate(0.996)
-    target_params, online_params = ema.parameter_pairs(model)
-
-    def ours(i: int) -> None:
-        with autocast:
-            loss = model.jepa_loss(batches[i % len(batches)])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        with torch.no_grad():
-            ema_update_(target_params, online_params, 0.996)
+    ours = training_step(model, optimizer, batches, autocast)
 
     def with_flops(loss_fn):
         with autocast:
@@ -328,56 +320,38 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def static_compiled_step(model, datamodule, device: torch.device, autocast, options: dict):
-    """A copy of ``model`` compiled for static shapes (``dynamic=False``, plus the non-None
-    ``options`` of ``torch.compile``: ``mode="reduce-overhead"`` for CUDA graphs) and its training step (forward, backward, AdamW, EMA) on
-    batches from the config's mask settings under ``context_policy="static"``: ``(step, model)``,
-    the model carrying ``static_shapes`` (context count, target block size)."""
-    sampler = datamodule.mask_sampler
-    static = MultiBlockMaskSampler(
-        sampler.grid_size,
-        sampler.num_target_blocks,
-        sampler.target_scale,
-        sampler.target_aspect_ratio,
-        sampler.context_scale,
-        sampler.context_aspect_ratio,
-        sampler.min_keep,
-        sampler.max_tries,
-        context_policy="static",
-    )
-    hp = datamodule.hparams
-    generator = torch.Generator().manual_seed(0)
-    batches = []
-    for _ in range(4):
-        images = torch.randn(hp.batch_size, 3, hp.image_size, hp.image_size, generator=generator)
-        context, targets = static(hp.batch_size, generator)
-        batch = {
-            "images": images,
-            "context_indices": context,
-            "target_indices": targets,
-            "context_mask": context_padding_mask(context),
-            "target_mask": context_padding_mask(targets.flatten(0, 1)).view_as(targets),
-        }
-        batches.append({k: v.to(device) for k, v in batch.items()})
-    compiled = copy.deepcopy(model)
-    compiled.hparams.compile = True
-    compiled.hparams.compile_options = {"dynamic": False, **{k: v for k, v in options.items() if v is not None}}
-    compiled._compiled = False
-    compiled.configure_model()
-    compiled.static_shapes = (static.static_context, static.static_targets)
-    optimizer = compiled.build_optimizer()
-    target_params, online_params = EMATargetUpdate(0.996).parameter_pairs(compiled)
+def training_step(model, optimizer, batches: list[dict], autocast):
+    """``step(i)``: forward, backward and optimizer step of ``model`` on ``batches[i % len]``,
+    then the EMA update of its target encoder."""
+    target_params, online_params = EMATargetUpdate(0.996).parameter_pairs(model)
 
     def step(i: int) -> None:
         with autocast:
-            loss = compiled.jepa_loss(batches[i % len(batches)])
+            loss = model.jepa_loss(batches[i % len(batches)])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         with torch.no_grad():
             ema_update_(target_params, online_params, 0.996)
 
-    return step, compiled
+    return step
+
+
+def static_compiled_step(model, datamodule, device: torch.device, autocast, options: dict):
+    """A copy of ``model`` compiled for static shapes (``dynamic=False``, plus the non-None
+    ``options`` of ``torch.compile``: ``mode="reduce-overhead"`` for CUDA graphs) and its training
+    step on synthetic batches whose masks follow the config's settings under
+    ``context_policy="static"``: ``(step, model)``, the model carrying ``static_shapes`` (context
+    count, target block size)."""
+    sampler = datamodule.image_sampler(datamodule.grid_size, context_policy="static")
+    batches = synthetic_batches(datamodule, 4, device, sampler=sampler)
+    compiled = copy.deepcopy(model)
+    compiled.hparams.compile = True
+    compiled.hparams.compile_options = {"dynamic": False, **{k: v for k, v in options.items() if v is not None}}
+    compiled._compiled = False
+    compiled.configure_model()
+    compiled.static_shapes = (sampler.static_context, sampler.static_targets)
+    return training_step(compiled, compiled.build_optimizer(), batches, autocast), compiled
 
 
 def format_table(result: dict) -> str:

@@ -47,10 +47,7 @@ class MaskCollator:
         self.patch_samplers = dict(sorted(patch_samplers.items())) if patch_samplers else None
 
     def __call__(self, samples: list) -> dict[str, torch.Tensor]:
-        generator = None
-        if len(samples[0]) > 2 and isinstance(samples[0][-1], int):
-            generator = torch.Generator().manual_seed(mix_seed(*(sample[-1] for sample in samples)))
-            samples = [sample[:-1] for sample in samples]
+        samples, generator = split_seeds(samples)
         batch = collate_samples(samples)
         sampler = self.sampler
         if self.patch_samplers is not None:
@@ -62,12 +59,29 @@ class MaskCollator:
         # The range check the model skips in its hot path, here on CPU tensors (no device sync).
         check_indices(context_indices, sampler.num_patches, "context_indices")
         check_indices(target_indices.flatten(1), sampler.num_patches, "target_indices")
-        masks = {"context_indices": context_indices, "target_indices": target_indices}
-        if sampler.context_policy in ("pad", "static"):
-            masks["context_mask"] = context_padding_mask(context_indices)
-        if sampler.context_policy == "static":  # blocks padded to one size: which entries are real
-            masks["target_mask"] = context_padding_mask(target_indices.flatten(0, 1)).view_as(target_indices)
-        return {**batch, **masks}
+        return {**batch, **mask_entries(sampler, context_indices, target_indices)}
+
+
+def split_seeds(samples: list) -> tuple[list, torch.Generator | None]:
+    """Samples without their trailing per-sample seeds, and a generator seeded from all of them
+    (None when the samples carry no seed): a batch's masks then depend on its samples only."""
+    if len(samples[0]) > 2 and isinstance(samples[0][-1], int):
+        generator = torch.Generator().manual_seed(mix_seed(*(sample[-1] for sample in samples)))
+        return [sample[:-1] for sample in samples], generator
+    return samples, None
+
+
+def mask_entries(
+    sampler: MultiBlockMaskSampler, context_indices: torch.Tensor, target_indices: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """A batch's mask entries for ``sampler``'s context policy: the indices, plus ``context_mask``
+    (``pad``, ``static``) and ``target_mask`` (``static``: blocks padded to one size)."""
+    masks = {"context_indices": context_indices, "target_indices": target_indices}
+    if sampler.context_policy in ("pad", "static"):
+        masks["context_mask"] = context_padding_mask(context_indices)
+    if sampler.context_policy == "static":
+        masks["target_mask"] = context_padding_mask(target_indices.flatten(0, 1)).view_as(target_indices)
+    return masks
 
 
 def collate_samples(samples: list) -> dict[str, torch.Tensor]:

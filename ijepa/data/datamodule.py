@@ -168,15 +168,7 @@ class IJEPADataModule(L.LightningDataModule):
                 context_policy=context_policy,
             )
         else:
-            self.mask_sampler = MultiBlockMaskSampler(
-                self.grid_size,
-                num_target_blocks,
-                target_scale,
-                target_aspect_ratio,
-                context_scale,
-                min_keep=min_keep,
-                context_policy=context_policy,
-            )
+            self.mask_sampler = self.image_sampler(self.grid_size)
         self.patch_samplers = None
         if train_patch_sizes is not None:
             if num_frames or not train_patch_sizes:
@@ -190,15 +182,7 @@ class IJEPADataModule(L.LightningDataModule):
                     side = grid_size(image_size, size)
                 except ValueError as error:
                     raise ValueError(f"train_patch_sizes: {error}") from None
-                self.patch_samplers[size] = MultiBlockMaskSampler(
-                    side,
-                    num_target_blocks,
-                    target_scale,
-                    target_aspect_ratio,
-                    context_scale,
-                    min_keep=min_keep,
-                    context_policy=context_policy,
-                )
+                self.patch_samplers[size] = self.image_sampler(side)
         self.native_collators = None
         if native_sides is not None:
             if num_frames or train_patch_sizes is not None or masks_per_image != 1:
@@ -234,6 +218,20 @@ class IJEPADataModule(L.LightningDataModule):
             raise ValueError("token_budget and token_drop act on native-resolution batches: set native_sides too.")
         self.num_classes = 10
         self._splits: dict[str, Dataset] = {}
+
+    def image_sampler(self, grid_size: int, context_policy: str | None = None) -> MultiBlockMaskSampler:
+        """The image mask sampler of this data's settings on a ``grid_size`` square grid (with
+        another ``context_policy`` if given)."""
+        hp = self.hparams
+        return MultiBlockMaskSampler(
+            grid_size,
+            hp.num_target_blocks,
+            tuple(hp.target_scale),
+            tuple(hp.target_aspect_ratio),
+            tuple(hp.context_scale),
+            min_keep=hp.min_keep,
+            context_policy=context_policy or hp.context_policy,
+        )
 
     # --- transforms ---------------------------------------------------------------------------
     def train_transform(self) -> v2.Transform:

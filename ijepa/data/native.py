@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torchvision.transforms import v2
 
-from ijepa.data.sampling import mix_seed
+from ijepa.data.collate import split_seeds
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.nn.packing import canvas_positions, drop_tokens, pack, pack_greedy, patchify
 
@@ -100,10 +100,7 @@ class PackedMaskCollator:
                 self.sampler((h, w)).check(tries=4, batch_size=32)
 
     def __call__(self, samples: list) -> dict[str, torch.Tensor]:
-        generator = None
-        if len(samples[0]) > 2 and isinstance(samples[0][-1], int):
-            generator = torch.Generator().manual_seed(mix_seed(*(sample[-1] for sample in samples)))
-            samples = [sample[:-1] for sample in samples]
+        samples, generator = split_seeds(samples)
         labels = torch.as_tensor([int(sample[1]) for sample in samples])
         images = [sample[0] for sample in samples]
         patches, positions, grids = [], [], []

@@ -31,6 +31,20 @@ def load_encoder(checkpoint: str | Path, encoder: str = "target") -> VisionTrans
     return network.eval().requires_grad_(False)
 
 
+def load_exactly(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load ``state`` into ``module`` only if it fits key for key and shape for shape; otherwise a
+    ValueError naming ``source`` and listing the missing keys or the mismatched shapes (never a
+    partial load)."""
+    ours = module.state_dict()
+    missing = sorted(set(ours) - set(state))
+    if missing:
+        raise ValueError(f"the {source} lacks these parameters of the model: {missing}")
+    for key, value in state.items():
+        if key in ours and ours[key].shape != value.shape:
+            raise ValueError(f"{key}: {source} shape {tuple(value.shape)} != model shape {tuple(ours[key].shape)}.")
+    module.load_state_dict(state, strict=True)
+
+
 def image_encoder(encoder: VisionTransformer | IJEPA, which: str = "target") -> VisionTransformer:
     """The image encoder to export: ``encoder`` itself, or one of an :class:`IJEPA`'s
     (``which``: ``target``, the EMA encoder, or ``online``). Clip encoders are refused."""

@@ -22,6 +22,7 @@ from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ijepa.interop.encoder import (
     encoder_options,
     image_encoder,
+    load_exactly,
     load_weights,
     position_table,
     save_json,
@@ -253,12 +254,5 @@ def load_hf(
         raise ValueError(f"{POSITION_KEY} is {tuple(table.shape)}, expected {(1, encoder.num_patches, hidden)}.")
     if pos_embed == "learned":
         encoder_state["transformer.position.embedding.weight"] = table[0]
-    ours = encoder.state_dict()
-    missing = sorted(set(ours) - set(encoder_state))
-    if missing:
-        raise ValueError(f"the IJepaModel state dict lacks these parameters of the encoder: {missing}")
-    for key, value in encoder_state.items():
-        if ours[key].shape != value.shape:
-            raise ValueError(f"{key}: IJepaModel shape {tuple(value.shape)} != encoder shape {tuple(ours[key].shape)}.")
-    encoder.load_state_dict(encoder_state, strict=True)
+    load_exactly(encoder, encoder_state, "IJepaModel state dict")
     return encoder.eval()

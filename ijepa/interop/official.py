@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ijepa.interop.encoder import load_exactly
 from ijepa.module import IJEPA
 from ijepa.nn.position import sinusoidal_2d_grid
 
@@ -202,12 +203,5 @@ def load_official(
         predictor_mode="per_block",
         **model_options,
     )
-    ours = model.state_dict()
-    missing = sorted(set(ours) - set(state))
-    if missing:
-        raise ValueError(f"the official checkpoint lacks these parameters of the model: {missing}")
-    for key, value in state.items():
-        if ours[key].shape != value.shape:
-            raise ValueError(f"{key}: checkpoint shape {tuple(value.shape)} != model shape {tuple(ours[key].shape)}.")
-    model.load_state_dict(state, strict=True)
+    load_exactly(model, state, "official checkpoint")
     return model
