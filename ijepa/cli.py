@@ -21,6 +21,7 @@ from ijepa.callbacks.features import FeatureWriter
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.interop import convert
 from ijepa.module import IJEPA
+from ijepa.strategy import FSDP2Strategy  # noqa: F401  (importing it registers trainer.strategy: fsdp2)
 
 # (source, target): the target is set from the source and cannot be set itself. The image size
 # and frame count belong to the data, the patch size and tubelet depth to the model; each is set

@@ -8,6 +8,7 @@ import os
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ijepa.checkpoint import resize_optimizer_states, resize_state_dict
@@ -16,8 +17,9 @@ from ijepa.nn.packing import Packed, canvas_positions, pack, pack_greedy, patchi
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.resize import INTERPOLATION_MODES
+from ijepa.nn.sharding import data_parallel_mesh, is_sharded, shard_network
 from ijepa.nn.video import VideoVisionTransformer, tubelet_times
-from ijepa.nn.vit import VisionTransformer, block_token_outputs
+from ijepa.nn.vit import VisionTransformer
 from ijepa.regularizers import Projector, SIGReg
 from ijepa.schedules import cosine_schedule, warmup_cosine_schedule
 
@@ -258,8 +260,21 @@ class IJEPA(L.LightningModule):
         # quickstart step the gain was within noise (docs/benchmarks.md); it guards long runs
         # whose moments decay.
         torch.set_flush_denormal(True)
+        if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
+            raise ValueError(
+                "trainer.strategy: fsdp (Lightning's FSDPStrategy, FSDP1) flattens the online and target encoders "
+                "into shards that do not line up, so the EMA update cannot pair them; use trainer.strategy: fsdp2 "
+                "(ijepa.strategy.FSDP2Strategy: FSDP2, each encoder sharded alike). See README, Several GPUs."
+            )
 
     def configure_model(self) -> None:
+        mesh = self.device_mesh  # set by Lightning's ModelParallelStrategy (ijepa.strategy.FSDP2Strategy)
+        if mesh is not None and not is_sharded(self.encoder):
+            # Online and target encoders sharded alike, so the EMA runs shard by shard.
+            data_parallel = data_parallel_mesh(mesh)
+            for network in (self.encoder, self.target_encoder, self.predictor, self.sigreg_projector):
+                if network is not None:
+                    shard_network(network, data_parallel)
         if self.hparams.compile and not getattr(self, "_compiled", False):
             # nn.Module.compile compiles in place: parameters and state-dict keys stay as they are.
             options = {"dynamic": True, **(self.hparams.compile_options or {})}
@@ -356,8 +371,8 @@ class IJEPA(L.LightningModule):
                     target_features = self.target_encoder(images, **times, **flexi)
                     normed = F.layer_norm(target_features, target_features.shape[-1:])
                 else:
-                    blocks = block_token_outputs(
-                        self.target_encoder, images, self.hparams.target_last_blocks, **times, **flexi
+                    blocks = self.target_encoder.block_outputs(
+                        images, self.hparams.target_last_blocks, **times, **flexi
                     )
                     target_features = blocks[-1]
                     normed = torch.stack([F.layer_norm(b, b.shape[-1:]) for b in blocks]).mean(0)
@@ -686,6 +701,21 @@ class IJEPA(L.LightningModule):
             raise ValueError(
                 f"position interpolation mode must be one of {INTERPOLATION_MODES}, got {settings['mode']!r}."
             )
+        if "state_dict" not in checkpoint:
+            # A sharded strategy (ijepa.strategy.FSDP2Strategy) has loaded the weights itself, before this hook.
+            new_grid = self.encoder.grid if self.hparams.num_frames else (self.encoder.patch_embed.grid_size,) * 2
+            if (old_image, old_patch, tuple(old_grid)) != (
+                self.hparams.image_size,
+                self.hparams.patch_size,
+                tuple(new_grid),
+            ):
+                raise ValueError(
+                    f"the checkpoint was trained at image_size={old_image}, patch_size={old_patch} (grid {list(old_grid)}); "
+                    f"this sharded run is at image_size={self.hparams.image_size}, patch_size={self.hparams.patch_size}. "
+                    "A sharded strategy loads weights before they can be adapted: adapt the checkpoint in one process "
+                    "first (IJEPA.load_from_checkpoint(path, image_size=..., patch_size=...), then save it)."
+                )
+            return
         changed = resize_state_dict(
             self, checkpoint["state_dict"], old_grid, old_patch, settings["mode"], settings["antialias"]
         )

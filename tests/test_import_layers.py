@@ -19,7 +19,7 @@ PACKAGE = ROOT / "ijepa"
 LAYERS: list[tuple[str, ...]] = [
     ("ijepa.nn",),  # plain PyTorch: tokens, attention, positions, resizing of tensors
     ("ijepa.regularizers", "ijepa.schedules", "ijepa.masks", "ijepa.pictures"),  # plain functions and modules
-    ("ijepa.checkpoint", "ijepa.data"),  # checkpoint files and their adaptation; data sources and loaders
+    ("ijepa.checkpoint", "ijepa.data", "ijepa.strategy"),  # checkpoint files; data; the fsdp2 strategy
     ("ijepa.module",),  # the LightningModule
     ("ijepa.interop",),  # other checkpoint formats, built on the module
     ("ijepa.callbacks",),

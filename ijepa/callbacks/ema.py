@@ -6,6 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ijepa.nn.sharding import check_sharded_alike, local_shards
 from ijepa.schedules import linear_schedule
 
 
@@ -13,8 +14,10 @@ def ema_update_(target: list[torch.Tensor], online: list[torch.Tensor], momentum
     """In place, for every pair: ``target <- momentum * target + (1 - momentum) * online``.
 
     One foreach lerp over all tensors (a handful of fused kernels instead of one per tensor).
+    Sharded parameters (FSDP2 ``DTensor`` s, sharded alike) are updated shard by shard: each rank
+    lerps its own slices, with no communication.
     """
-    torch._foreach_lerp_(target, online, 1.0 - momentum)
+    torch._foreach_lerp_(local_shards(target), local_shards(online), 1.0 - momentum)
 
 
 class EMATargetUpdate(Callback):
@@ -50,7 +53,10 @@ class EMATargetUpdate(Callback):
             raise ValueError(
                 f"target and online encoders differ in parameters: {sorted(target.keys() ^ online.keys())}"
             )
-        return [target[n].data for n in target], [online[n].data for n in target]
+        names = list(target)
+        pairs = [target[n].data for n in names], [online[n].data for n in names]
+        check_sharded_alike(*pairs, names)
+        return pairs
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_step = trainer.global_step

@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import make_grid
 
 from ijepa.data.transforms import unnormalize
+from ijepa.nn.sharding import gathered
 from ijepa.pictures import clip_mask_overlay, heat_map, mask_overlay
 
 
@@ -65,10 +66,19 @@ class JEPAImages(Callback):
             return
         batch, self._batch = self._batch, None
         loss_sum, count = position_loss_map(pl_module, batch)
+        shown = {k: v[: self.num_images] for k, v in batch.items()}
+        # Encoders run on every rank: with sharded weights (FSDP2) a forward is a collective.
+        with torch.no_grad():
+            features = pl_module.target_encoder(shown["images"], **pl_module.token_times(shown.get("frame_times")))
+        tables = {}
+        for name, network in (("encoder", pl_module.encoder), ("predictor", pl_module.predictor)):
+            table = getattr(network.position, "table", None)
+            if callable(table):
+                with gathered(network):
+                    tables[name] = table().detach().float().cpu()
         if not trainer.is_global_zero:
             return
         step = trainer.global_step
-        shown = {k: v[: self.num_images] for k, v in batch.items()}
         hp = pl_module.hparams
         if hp.num_frames:  # clips: one row of tubelet first frames per clip, loss map per time slice
             overlay = clip_mask_overlay(
@@ -90,10 +100,6 @@ class JEPAImages(Callback):
             per_row = 1 if hp.num_frames else min(self.num_images, 8)
             writer.add_image("jepa/masks", make_grid(overlay.cpu(), nrow=per_row, padding=2), step)
             writer.add_image("jepa/loss_map", heat_map(per_position.cpu(), grid_size), step)
-            with torch.no_grad():
-                features = pl_module.target_encoder(shown["images"], **pl_module.token_times(shown.get("frame_times")))
             writer.add_histogram("hist/target_features", features.float().cpu(), step)
-            for name, network in (("encoder", pl_module.encoder), ("predictor", pl_module.predictor)):
-                table = getattr(network.position, "table", None)
-                if callable(table):
-                    writer.add_histogram(f"hist/positions_{name}", table().detach().float().cpu(), step)
+            for name, table in tables.items():
+                writer.add_histogram(f"hist/positions_{name}", table, step)

@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from ijepa.nn.position import AdditivePosition
+from ijepa.nn.sharding import gathered
 from ijepa.pictures import cosine_similarity_grid, heat_image
 
 
@@ -23,14 +24,17 @@ class PositionSimilarityImages(Callback):
     spatial position at two times, averaged over positions)."""
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or not trainer.is_global_zero:
+        if trainer.sanity_checking:
             return
         loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         for name, network in (("encoder", pl_module.encoder), ("predictor", pl_module.predictor)):
             position = network.position
             if not isinstance(position, AdditivePosition):
                 continue
-            table = position.table().detach().float()
+            with gathered(network):  # every rank takes part when the weights are sharded (FSDP2)
+                table = position.table().detach().float().clone()
+            if not trainer.is_global_zero:
+                continue
             images = {}
             if position.dims == 3:
                 slices = F.normalize(

@@ -19,6 +19,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
+from ijepa.nn.sharding import tensor_sums
+
 ENCODERS = ("target", "online")
 
 
@@ -48,7 +50,7 @@ def _weights_key(trainer: L.Trainer | None, pl_module: L.LightningModule, encode
     eval mode and the weights themselves (a sum per tensor: loading other weights at the same
     step changes it)."""
     network = pl_module.target_encoder if encoder == "target" else pl_module.encoder
-    sums = torch.stack([p.detach().float().sum() for p in network.parameters()]).tolist()
+    sums = tensor_sums(network.parameters()).tolist()  # one collective when sharded (FSDP2)
     return trainer.global_step if trainer is not None else None, pl_module.training, tuple(sums)
 
 

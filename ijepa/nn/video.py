@@ -14,7 +14,13 @@ from torch import nn
 from ijepa.nn.checks import check_indices, check_positive
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.position import PositionEncoding, build_position_encoding
-from ijepa.nn.vit import Transformer, init_vit_weights, pooled_block_features, rescale_residual_branches
+from ijepa.nn.vit import (
+    Transformer,
+    block_token_outputs,
+    init_vit_weights,
+    pooled_block_features,
+    rescale_residual_branches,
+)
 
 
 class TubeletEmbed(nn.Module):
@@ -122,6 +128,13 @@ class VideoVisionTransformer(nn.Module):
         """Mean over all tokens of the last ``last_blocks`` blocks' normed outputs, concatenated:
         ``[B, C, T, H, W] -> [B, last_blocks * D]`` (as :meth:`VisionTransformer.pooled_features`)."""
         return pooled_block_features(self, clips, last_blocks, frame_times)
+
+    def block_outputs(
+        self, clips: torch.Tensor, last_blocks: int = 1, frame_times: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """The last ``last_blocks`` blocks' normed outputs on all tokens, ``last_blocks`` x
+        ``[B, N, D]`` (oldest block first; :func:`~ijepa.nn.vit.block_token_outputs`)."""
+        return block_token_outputs(self, clips, last_blocks, frame_times)
 
     def forward(
         self,

@@ -276,6 +276,13 @@ class VisionTransformer(nn.Module):
         :meth:`embed`."""
         return pooled_block_features(self, images, last_blocks, patch_size=patch_size)
 
+    def block_outputs(
+        self, images: torch.Tensor, last_blocks: int = 1, patch_size: int | None = None
+    ) -> list[torch.Tensor]:
+        """The last ``last_blocks`` blocks' normed outputs on all patches, ``last_blocks`` x
+        ``[B, N, D]`` (oldest block first; :func:`block_token_outputs`)."""
+        return block_token_outputs(self, images, last_blocks, patch_size=patch_size)
+
 
 def block_token_outputs(
     encoder: nn.Module,
