@@ -25,6 +25,20 @@ from ijepa.schedules import cosine_schedule, warmup_cosine_schedule
 
 LOSSES = ("smooth_l1", "mse")
 SIGREG_INPUTS = ("tokens", "pooled", "both")
+TARGET_NORMS = ("layer", "instance")
+
+
+def normalize_targets(features: torch.Tensor, kind: str = "layer", eps: float = 1e-5) -> torch.Tensor:
+    """Target features ``[B, N, D]`` normalised for the loss: ``layer`` over each token's ``D``
+    features (I-JEPA), ``instance`` over each feature's ``N`` tokens of one image (data2vec), which
+    removes what all of an image's patches share."""
+    if kind == "layer":
+        return F.layer_norm(features, features.shape[-1:], eps=eps)
+    if kind == "instance":
+        mean = features.mean(dim=1, keepdim=True)
+        var = features.var(dim=1, unbiased=False, keepdim=True)
+        return (features - mean) * torch.rsqrt(var + eps)
+    raise ValueError(f"target_norm must be one of {TARGET_NORMS}, got {kind!r}.")
 
 
 class IJEPA(L.LightningModule):
@@ -74,7 +88,10 @@ class IJEPA(L.LightningModule):
             attention mask; less work per step, different math: ``docs/benchmarks.md``).
         loss: smooth_l1 (I-JEPA) or mse, on layer-normed target features.
         target_last_blocks: targets are the average of the last n target-encoder blocks' outputs,
-            each layer-normed (data2vec-style; 1 is I-JEPA's last block only).
+            each normalised by ``target_norm`` (data2vec-style; 1 is I-JEPA's last block only).
+        target_norm: how each target block is normalised before the loss: ``layer`` (I-JEPA: each
+            token over its features) or ``instance`` (data2vec: each feature over the image's
+            tokens, so what every patch of an image shares, e.g. its background, is not a target).
         sigreg_weight: weight ``w`` of LeJEPA's SIGReg (:class:`ijepa.regularizers.SIGReg`) in
             ``(1 - w) * jepa + w * sigreg``; 0 switches it off.
         sigreg_input: what SIGReg sees: ``tokens`` (a random sample of ``sigreg_tokens`` context
@@ -156,6 +173,7 @@ class IJEPA(L.LightningModule):
         predictor_mode: str = "per_block",
         loss: str = "smooth_l1",
         target_last_blocks: int = 1,
+        target_norm: str = "layer",
         sigreg_weight: float = 0.0,
         sigreg_input: str = "tokens",
         sigreg_tokens: int = 1024,
@@ -187,6 +205,8 @@ class IJEPA(L.LightningModule):
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
         if not 1 <= target_last_blocks <= depth:
             raise ValueError(f"target_last_blocks must be in [1, {depth}] (the depth), got {target_last_blocks}.")
+        if target_norm not in TARGET_NORMS:
+            raise ValueError(f"target_norm must be one of {TARGET_NORMS}, got {target_norm!r}.")
         if not 0.0 <= sigreg_weight <= 1.0:
             raise ValueError(f"sigreg_weight must be in [0, 1], got {sigreg_weight}.")
         if sigreg_input not in SIGREG_INPUTS:
@@ -367,15 +387,16 @@ class IJEPA(L.LightningModule):
             )
         with index_checks(self.hparams.debug_checks):
             with torch.no_grad():
+                norm = self.hparams.target_norm
                 if self.hparams.target_last_blocks == 1:  # the encoder's own forward (compiled with model.compile)
                     target_features = self.target_encoder(images, **times, **flexi)
-                    normed = F.layer_norm(target_features, target_features.shape[-1:])
+                    normed = normalize_targets(target_features, norm)
                 else:
                     blocks = self.target_encoder.block_outputs(
                         images, self.hparams.target_last_blocks, **times, **flexi
                     )
                     target_features = blocks[-1]
-                    normed = torch.stack([F.layer_norm(b, b.shape[-1:]) for b in blocks]).mean(0)
+                    normed = torch.stack([normalize_targets(b, norm) for b in blocks]).mean(0)
                 if repeats > 1:
                     normed = normed.repeat(repeats, 1, 1)
                 targets = gather_patches(normed, target_indices.flatten(1))
@@ -434,8 +455,11 @@ class IJEPA(L.LightningModule):
         targets layer-normed, without gradient), the context encoder's packed output ``context
         [S, L, D]`` with ``context_mask`` (real slots) and ``context_pooled [B, D]`` (each image's
         mean context token), and ``target_features [B, D]``, each image's mean target feature."""
-        if self.hparams.target_last_blocks != 1:
-            raise ValueError("native-resolution batches take target_last_blocks=1 (the last block's output).")
+        if self.hparams.target_last_blocks != 1 or self.hparams.target_norm != "layer":
+            raise ValueError(
+                "native-resolution batches take target_last_blocks=1 and target_norm=layer (the last block's "
+                "output, each token layer-normed)."
+            )
         num_images = batch["labels"].size(0)
         full = Packed(batch["full_values"], batch["full_positions"], batch["full_ids"])
         context_in = Packed(batch["context_values"], batch["context_positions"], batch["context_ids"])

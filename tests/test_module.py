@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 from ijepa.callbacks import EMATargetUpdate, ema_update_
 from ijepa.data.collate import MaskCollator
 from ijepa.masks import MultiBlockMaskSampler
-from ijepa.module import IJEPA
+from ijepa.module import IJEPA, normalize_targets
 from ijepa.nn.position import position_names
 
 
@@ -220,6 +220,42 @@ def test_targets_average_the_last_blocks_each_layer_normed(monkeypatch):
     torch.testing.assert_close(captured["targets"], expected)
     with pytest.raises(ValueError, match=r"target_last_blocks must be in \[1, 2\]"):
         IJEPA(**TINY_MODEL, target_last_blocks=3)
+
+
+def test_instance_normed_targets_are_unit_per_feature_and_blind_to_what_all_patches_share():
+    torch.manual_seed(0)
+    features = torch.randn(3, 16, 8) * 2.0 + 0.5
+    normed = normalize_targets(features, "instance")
+    torch.testing.assert_close(normed.mean(dim=1), torch.zeros(3, 8), atol=1e-5, rtol=0)
+    torch.testing.assert_close(normed.var(dim=1, unbiased=False), torch.ones(3, 8), atol=1e-3, rtol=0)
+    # a per-image offset on every token (a background colour every patch carries) is no target ...
+    shifted = features + torch.randn(3, 1, 8) * 5.0
+    torch.testing.assert_close(normalize_targets(shifted, "instance"), normed, atol=1e-4, rtol=0)
+    # ... while layer norm keeps it
+    assert not torch.allclose(normalize_targets(shifted, "layer"), normalize_targets(features, "layer"), atol=1e-2)
+    torch.testing.assert_close(normalize_targets(features), torch.nn.functional.layer_norm(features, (8,)))
+
+
+def test_target_norm_reaches_the_loss_and_bad_names_are_refused(monkeypatch):
+    torch.manual_seed(0)
+    model = IJEPA(**TINY_MODEL, target_norm="instance").eval()
+    batch = next(iter(random_loader(batch_size=2)))
+    captured = {}
+    original = torch.nn.functional.smooth_l1_loss
+
+    def spy(predictions, targets, *args, **kwargs):
+        captured["targets"] = targets
+        return original(predictions, targets, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "smooth_l1_loss", spy)
+    model.jepa_loss(batch)
+    with torch.no_grad():
+        expected = normalize_targets(model.target_encoder(batch["images"]), "instance")
+    flat = batch["target_indices"].flatten(1)
+    expected = torch.stack([expected[b, flat[b]] for b in range(2)]).view(captured["targets"].shape)
+    torch.testing.assert_close(captured["targets"], expected)
+    with pytest.raises(ValueError, match=r"target_norm must be one of \('layer', 'instance'\), got 'batch'"):
+        IJEPA(**TINY_MODEL, target_norm="batch")
 
 
 @pytest.mark.parametrize(

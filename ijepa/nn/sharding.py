@@ -95,15 +95,16 @@ def check_sharded_alike(first: Sequence[torch.Tensor], second: Sequence[torch.Te
                 or a.to_local().shape != b.to_local().shape
             )
         ):
-            describe = lambda t: (  # noqa: E731
-                f"DTensor {tuple(t.placements)} local {tuple(t.to_local().shape)}"
-                if isinstance(t, DTensor)
-                else "a plain tensor"
-            )
             raise ValueError(
-                f"{name} is sharded differently in the two networks ({describe(a)} vs {describe(b)}): "
+                f"{name} is sharded differently in the two networks ({_describe(a)} vs {_describe(b)}): "
                 "shard both with ijepa.nn.sharding.shard_network on the same mesh."
             )
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    if isinstance(tensor, DTensor):
+        return f"DTensor {tuple(tensor.placements)} local {tuple(tensor.to_local().shape)}"
+    return "a plain tensor"
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

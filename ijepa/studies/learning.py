@@ -42,6 +42,7 @@ VARIANTS: dict[str, list[str]] = {
     "+sigreg_pooled": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=pooled"],
     "+sigreg_both": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=both"],
     "+target_avg4": [f"--config={PLAIN}", "--model.target_last_blocks=4"],
+    "+target_inorm": [f"--config={PLAIN}", "--model.target_norm=instance"],
     "+sigreg_proj": [
         f"--config={PLAIN}",
         "--model.sigreg_weight=0.05",
@@ -60,6 +61,12 @@ VARIANTS: dict[str, list[str]] = {
         "--model.sigreg_weight=0.05",
         "--model.sigreg_input=tokens",
         "--data.masks_per_image=2",
+    ],
+    "+sigreg_inorm": [
+        f"--config={PLAIN}",
+        "--model.sigreg_weight=0.05",
+        "--model.sigreg_input=tokens",
+        "--model.target_norm=instance",
     ],
 }
 
