@@ -725,9 +725,9 @@ class IJEPA(L.LightningModule):
             raise ValueError(
                 f"position interpolation mode must be one of {INTERPOLATION_MODES}, got {settings['mode']!r}."
             )
+        new_grid = self.encoder.grid if self.hparams.num_frames else (self.encoder.patch_embed.grid_size,) * 2
         if "state_dict" not in checkpoint:
             # A sharded strategy (ijepa.strategy.FSDP2Strategy) has loaded the weights itself, before this hook.
-            new_grid = self.encoder.grid if self.hparams.num_frames else (self.encoder.patch_embed.grid_size,) * 2
             if (old_image, old_patch, tuple(old_grid)) != (
                 self.hparams.image_size,
                 self.hparams.patch_size,
@@ -746,7 +746,6 @@ class IJEPA(L.LightningModule):
         if not changed:
             return
         resize_optimizer_states(checkpoint, changed, [name for group in self.parameter_groups() for name in group])
-        new_grid = self.encoder.grid if self.hparams.num_frames else (self.encoder.patch_embed.grid_size,) * 2
         lines = [f"  {key}: {list(old)} -> {list(new)}" for key, (old, new, _) in changed.items()]
         frames = f", num_frames={saved.get('num_frames')}" if self.hparams.num_frames else ""
         new_frames = f", num_frames={self.hparams.num_frames}" if self.hparams.num_frames else ""

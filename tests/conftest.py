@@ -8,8 +8,14 @@ processes, notebooks) for a quick loop; CI runs everything.
 
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+
+from ijepa.callbacks import KNNProbe
+from ijepa.data import IJEPADataModule
+from ijepa.data.sources import ShapesSource
+from ijepa.module import IJEPA
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent  # the repository: configs/, docs/, ijepa/
@@ -35,3 +41,27 @@ TINY_MODEL = dict(
     predictor_depth=1,
     predictor_num_heads=2,
 )
+
+
+def knn_of_checkpoint(path: Path, root: Path) -> float:
+    """``val/knn_top1`` of a tiny-config checkpoint probed in one process, on the data the
+    two-process tests (DDP, FSDP) train on: 192 training and 64 held-out generated shapes."""
+    model = IJEPA.load_from_checkpoint(path, weights_only=True)
+    data = IJEPADataModule(
+        source=ShapesSource(train_size=192, val_size=64),
+        image_size=32,
+        patch_size=8,
+        batch_size=32,
+        num_workers=0,
+        crop_scale=None,
+        target_scale=(0.1, 0.15),
+        min_keep=2,
+    )
+    trainer = L.Trainer(
+        callbacks=[KNNProbe()],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
+    return trainer.validate(model, datamodule=data, verbose=False)[0]["val/knn_top1"]

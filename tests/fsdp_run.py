@@ -17,6 +17,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from conftest import TINY_MODEL
 from torch.utils.data import DataLoader
 
 from ijepa.callbacks import EMATargetUpdate
@@ -29,14 +30,7 @@ from ijepa.strategy import FSDP2Strategy
 
 GLOBAL_BATCH, BATCHES, EPOCHS = 32, 2, 3
 MODEL = dict(
-    image_size=32,
-    patch_size=8,
-    embed_dim=32,
-    depth=2,
-    num_heads=2,
-    predictor_embed_dim=16,
-    predictor_depth=1,
-    predictor_num_heads=2,
+    TINY_MODEL,
     warmup_steps=2,
     lr=2e-3,
     sigreg_weight=0.05,

@@ -5,15 +5,9 @@ import os
 import subprocess
 import sys
 
-import lightning as L
 import pytest
 import torch
-from conftest import TESTS
-
-from ijepa.callbacks import KNNProbe
-from ijepa.data import IJEPADataModule
-from ijepa.data.sources import ShapesSource
-from ijepa.module import IJEPA
+from conftest import TESTS, knn_of_checkpoint
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
 
@@ -62,24 +56,6 @@ def test_knn_probe_gathers_from_every_rank_and_matches_one_process(ddp_run, tmp_
     # each rank encoded half of the bank (192) and queries (64) at each of the 3 probes (step 0
     # and two validations): 3 * 128, where a probe that ran everything on every rank would be 3 * 256
     assert report["encoded_per_rank"] == [3 * 128, 3 * 128]
-    model = IJEPA.load_from_checkpoint(cwd / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=192, val_size=64),
-        image_size=32,
-        patch_size=8,
-        batch_size=32,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
-    trainer = L.Trainer(
-        callbacks=[KNNProbe()],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
-    metrics = trainer.validate(model, datamodule=data, verbose=False)[0]
-    assert metrics["val/knn_top1"] == pytest.approx(report["knn_top1"], abs=1e-6)
+    knn = knn_of_checkpoint(cwd / "lightning_logs/version_0/checkpoints/last.ckpt", tmp_path)
+    assert knn == pytest.approx(report["knn_top1"], abs=1e-6)
     assert torch.isfinite(torch.tensor(report["val_loss"]))

@@ -10,19 +10,16 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import TESTS, TINY_CONFIG, TINY_MODEL
+from conftest import TESTS, TINY_CONFIG, TINY_MODEL, knn_of_checkpoint
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from ijepa.callbacks import EMATargetUpdate, KNNProbe
+from ijepa.callbacks import EMATargetUpdate
 from ijepa.callbacks.ema import ema_update_
-from ijepa.data import IJEPADataModule
-from ijepa.data.sources import ShapesSource
 from ijepa.module import IJEPA
 from ijepa.nn.sharding import data_parallel_mesh, full_tensor, gathered, shard_network, tensor_sums
 from ijepa.nn.vit import VisionTransformer
@@ -139,26 +136,8 @@ def test_cli_fit_with_fsdp2_trains_probes_and_checkpoints(tmp_path):
     logged = [float(x) for x in re.findall(r"k-NN probe \(step 6\): val/knn_top1 = ([0-9.]+)", output)]
     assert len(logged) == 1  # rank 0 reports the probe, gathered over both ranks
     # the sharded run's last checkpoint, probed in one process, scores what the sharded run logged
-    model = IJEPA.load_from_checkpoint(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=192, val_size=64),
-        image_size=32,
-        patch_size=8,
-        batch_size=32,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
-    trainer = L.Trainer(
-        callbacks=[KNNProbe()],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
-    metrics = trainer.validate(model, datamodule=data, verbose=False)[0]
-    assert metrics["val/knn_top1"] == pytest.approx(logged[0], abs=1e-4)
+    knn = knn_of_checkpoint(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt", tmp_path)
+    assert knn == pytest.approx(logged[0], abs=1e-4)
 
 
 def test_lightnings_fsdp1_strategy_is_refused_with_the_name_of_fsdp2():
