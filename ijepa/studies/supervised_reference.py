@@ -5,7 +5,8 @@ set where labels buy +10 in the same steps and little where they buy +60. This s
 model and data of a config exactly as ``ijepa fit`` would (:func:`ijepa.cli.instantiate`), trains
 the online encoder of the model with a linear head on its mean-pooled features (cross-entropy on
 the labelled train split, the config's batch size, number of steps, learning-rate warm-up and
-cosine, weight decay and AdamW betas), and scores it with the same k-NN and linear probes as the
+cosine and AdamW betas; ``model.weight_decay``, held constant, on every weight of two or more
+dimensions), and scores it with the same k-NN and linear probes as the
 JEPA runs (:mod:`ijepa.callbacks.knn`, :mod:`ijepa.callbacks.linear`) at step 0 and at the end::
 
     python -m ijepa.studies.supervised_reference --seeds 0 1 2
