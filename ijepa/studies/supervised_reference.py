@@ -31,30 +31,25 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from torchmetrics.classification import MulticlassAccuracy
 
-from ijepa.callbacks.knn import knn_scores
-from ijepa.callbacks.linear import train_linear_classifier
+from ijepa.callbacks.knn import KNNProbe
+from ijepa.callbacks.linear import LinearProbe
 from ijepa.callbacks.probe import extract_features
 from ijepa.cli import build_cli
 from ijepa.module import IJEPA
 from ijepa.schedules import warmup_cosine_schedule
 
 
-def probe_scores(model: IJEPA, datamodule, k: int = 20, temperature: float = 0.07) -> dict[str, float]:
-    """``knn_top1`` and ``linear_top1`` in [0, 1] of the model's online encoder, as the probe
-    callbacks compute them (bank: labelled train split; queries: the held-out split)."""
+def probe_scores(model: IJEPA, datamodule) -> dict[str, float]:
+    """``knn_top1`` and ``linear_top1`` in [0, 1] of the model's online encoder, scored by the
+    probe callbacks' own :meth:`~ijepa.callbacks.probe.Probe.score` at their defaults (bank: the
+    labelled train split; queries: the held-out split)."""
     model.eval()
     bank, bank_labels = extract_features(None, model, datamodule.knn_train_dataloader(), encoder="online")
     queries, query_labels = extract_features(None, model, datamodule.knn_test_dataloader(), encoder="online")
     model.train()
-    classes = datamodule.num_classes
-    accuracy = MulticlassAccuracy(num_classes=classes, average="micro")
-    knn = knn_scores(bank, bank_labels, queries, classes, k, temperature)
-    linear = train_linear_classifier(bank, bank_labels, classes)
-    with torch.no_grad():
-        linear_scores = linear(queries)
-    return {"knn_top1": float(accuracy(knn, query_labels)), "linear_top1": float(accuracy(linear_scores, query_labels))}
+    data = (bank, bank_labels, queries, query_labels, datamodule.num_classes)
+    return {"knn_top1": KNNProbe().score(*data), "linear_top1": LinearProbe().score(*data)}
 
 
 def train_supervised(model: IJEPA, datamodule, steps: int, seed: int) -> dict[str, float]:
