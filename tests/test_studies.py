@@ -1,5 +1,6 @@
 """The scripts that regenerate the documented tables read what the runs log."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -141,7 +142,7 @@ def _documented_options() -> list[tuple[str, str]]:
     rows = (ROOT / "docs" / "configuration.md").read_text().splitlines()
     options = []
     for row in rows:
-        cells = [cell.strip() for cell in row.split(" | ")]
+        cells = [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\) \| ", row)]  # not at an escaped bar
         if row.startswith("| `") and len(cells) >= 3:
             options.append((cells[0].strip("|` "), cells[2]))
     return options

@@ -4,7 +4,8 @@ Each clip shows one shape (any of the ten image classes, random size, rotation a
 at constant velocity on a torus: it leaves one edge and comes back at the opposite one. With
 ``background="texture"`` (the default) the whole scene pans: a smooth random colour texture
 around mid-grey moves with the shape, so every patch of every frame shows the motion. With ``"plain"`` the background
-is a flat colour and only the patches the shape crosses move. The label is the direction of
+is a flat colour and only the patches the shape crosses move; ``"noisy"`` adds the image
+quickstart's light pixel noise (std 0.08, fresh in every frame) to the flat colour. The label is the direction of
 motion. Because of the wrap-around, the content of any single frame has the same distribution
 whatever the direction, so no single frame carries the label: a probe has to use time
 (``tests/nn/test_video.py`` checks both halves of that claim on pixels).
@@ -12,7 +13,9 @@ whatever the direction, so no single frame carries the label: a probe has to use
 With ``label="shape"`` the class is the moving shape's kind (the ten image classes) and the
 motion a nuisance: a random-init encoder's tokens already carry the direction of a panning
 texture (its tubelet embedding is a temporal filter), but not the shape, so this label is the one
-on which pretraining can show (``docs/video.md``).
+on which pretraining can show (``docs/video.md``). The video quickstart uses it as the clip
+version of the image quickstart: several instances of the class's shape (``num_objects`` a
+range) on a noisy flat background, all drifting together.
 
 Why the texture: a small model learns the motion of a dense texture within a few dozen
 supervised steps, but not that of one small shape on a flat background, where most tubelet
@@ -34,7 +37,7 @@ from torch.utils.data import Dataset
 from ijepa.data.shapes import CHUNK_POINTS, CLASSES, MIN_CONTRAST, index_seed, render_scenes, rgb_distance, supersample
 
 DIRECTIONS: tuple[str, ...] = ("right", "down_right", "down", "down_left", "left", "up_left", "up", "up_right")
-BACKGROUNDS: tuple[str, ...] = ("texture", "plain")
+BACKGROUNDS: tuple[str, ...] = ("texture", "plain", "noisy")
 LABELS: tuple[str, ...] = ("direction", "shape")
 _TEXTURE_CUTOFF = 3.0 / 32  # Gaussian low-pass width of the texture, in cycles per pixel
 _TEXTURE_CONTRAST = 0.25  # standard deviation of the texture around the background colour
@@ -58,6 +61,20 @@ def translating_texture(noise: Tensor, velocity: tuple[float, float], num_frames
     return (frames / frames[0].std().clamp_min(1e-12)).float()
 
 
+def object_range(num_objects) -> tuple[int, int]:
+    """``num_objects`` (an int, or an inclusive ``(min, max)`` range) as ``(min, max)``."""
+    values = (num_objects, num_objects) if isinstance(num_objects, int) else tuple(num_objects)
+    if (
+        len(values) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) for v in values)
+        or not 1 <= values[0] <= values[1]
+    ):
+        raise ValueError(
+            f"num_objects must be an int >= 1 or a range (min, max) with 1 <= min <= max, got {num_objects!r}."
+        )
+    return values
+
+
 class MovingShapesClips(Dataset):
     """``num_samples`` clips of ``num_frames`` frames at ``image_size`` px; label = direction (or shape).
 
@@ -71,7 +88,8 @@ class MovingShapesClips(Dataset):
         speed: (min, max) pixels per frame, drawn per clip.
         radius: (min, max) shape radius as a fraction of ``image_size``.
         background: ``texture`` (a smooth colour texture moving with the shape) or ``plain``.
-        num_objects: instances of the clip's shape (own position, size, rotation, colour), all
+        num_objects: instances of the clip's shape (own position, size, rotation, colour), an
+            int or an inclusive ``(min, max)`` range drawn per clip, all
             moving with the same velocity.
         fps: when set, the clips' nominal frame rate: items become ``(clip, label, frame_times)``
             with ``frame_times [T] = t / fps`` seconds (for M-RoPE's timestamps).
@@ -94,7 +112,7 @@ class MovingShapesClips(Dataset):
         radius: tuple[float, float] = (0.12, 0.2),
         background: str = "texture",
         fps: float | None = None,
-        num_objects: int = 1,
+        num_objects: int | tuple[int, int] = 1,
         label: str = "direction",
         transform=None,
         cache: bool = False,
@@ -122,8 +140,7 @@ class MovingShapesClips(Dataset):
         self.speed, self.radius, self.transform = tuple(speed), tuple(radius), transform
         if fps is not None and not fps > 0:
             raise ValueError(f"fps must be > 0 or None, got {fps}.")
-        if isinstance(num_objects, bool) or not isinstance(num_objects, int) or num_objects < 1:
-            raise ValueError(f"num_objects must be an int >= 1, got {num_objects!r}.")
+        self.object_range = object_range(num_objects)
         if label not in LABELS:
             raise ValueError(f"label must be one of {LABELS}, got {label!r}.")
         self.background, self.fps, self.num_objects, self.label = background, fps, num_objects, label
@@ -170,7 +187,9 @@ class MovingShapesClips(Dataset):
         ]
         noise = torch.randn(self.num_frames, 3, size, size, generator=g)
         texture = torch.randn(3, size, size, generator=g)
-        for _ in range(self.num_objects - 1):  # more instances of the clip's shape, all moving together
+        low, high = self.object_range
+        count = low if low == high else low + int(torch.randint(high - low + 1, (1,), generator=g))
+        for _ in range(count - 1):  # more instances of the clip's shape, all moving together
             x, y, r, a, h, sat, val = torch.rand(7, generator=g, dtype=torch.float64).tolist()
             r = size * (self.radius[0] + (self.radius[1] - self.radius[0]) * r)
             objects.append(
@@ -212,7 +231,7 @@ class MovingShapesClips(Dataset):
                     if -reach < cx + dx < size + reach and -reach < cy + dy < size + reach
                 ]
             frames.append(dict(label=p["shape"], objects=copies, bg=p["bg"], noise=p["noise"][t]))
-        if self.background == "plain":
+        if self.background != "texture":
             return frames, None
         texture = translating_texture(p["texture"], (p["vx"], p["vy"]), self.num_frames, _TEXTURE_CUTOFF * 32 / size)
         # Around mid-grey, not the clip's background colour: a colour shared by a whole clip is
@@ -226,9 +245,10 @@ class MovingShapesClips(Dataset):
             clip_frames, base = self.frames(index)
             frames += clip_frames
             bases.append(base)
-        base = None if self.background == "plain" else torch.cat(bases)
+        base = None if self.background != "texture" else torch.cat(bases)
         size = self.image_size
-        return render_scenes(frames, size, "plain", base=base).view(len(indices), self.num_frames, 3, size, size)
+        noise = "noisy" if self.background == "noisy" else "plain"  # the noise level of render_scenes
+        return render_scenes(frames, size, noise, base=base).view(len(indices), self.num_frames, 3, size, size)
 
     def render(self, index: int) -> Tensor:
         """Clip ``index`` as ``uint8 [T, 3, H, W]``."""

@@ -325,8 +325,11 @@ class MovingShapesSource(DataSource):
         val_size: generated held-out clips.
         directions: 4 or 8 motion classes.
         speed: range of the motion speed in pixels per frame.
-        background: ``texture`` (the whole scene pans) or ``plain``.
-        num_objects: instances of the clip's shape, all moving together.
+        background: ``texture`` (the whole scene pans), ``plain`` or ``noisy`` (a flat colour,
+            with light pixel noise for ``noisy``).
+        num_objects: instances of the clip's shape, all moving together: an int or a
+            ``(min, max)`` range drawn per clip.
+        radius: range of a shape's radius as a fraction of the frame side.
         label: what a clip's class is: ``direction`` of motion or ``shape``.
         fps: the clips' nominal frame rate; with one, batches carry ``frame_times [B, T]`` in
             seconds (null: no timestamps, M-RoPE uses frame indices).
@@ -341,9 +344,10 @@ class MovingShapesSource(DataSource):
         directions: int = 4,
         speed: tuple[float, float] = (1.0, 2.0),
         background: str = "texture",
-        num_objects: int = 1,
+        num_objects: int | tuple[int, int] = 1,
         label: str = "direction",
         fps: float | None = None,
+        radius: tuple[float, float] = (0.12, 0.2),
     ):
         check_count(train_size, "train_size")
         check_count(val_size, "val_size")
@@ -354,9 +358,10 @@ class MovingShapesSource(DataSource):
         self.directions = directions
         self.speed = tuple(speed)
         self.background = background
-        self.num_objects = num_objects
+        self.num_objects = num_objects if isinstance(num_objects, int) else tuple(num_objects)
         self.label = label
         self.fps = fps
+        self.radius = tuple(radius)
 
     def splits(self, settings: SplitSettings) -> Splits:
         # Rendered at the model's size; the transform only normalises and puts channels first.
@@ -373,6 +378,7 @@ class MovingShapesSource(DataSource):
                 fps=self.fps,
                 num_objects=self.num_objects,
                 label=self.label,
+                radius=self.radius,
                 transform=ClipToTensor(),
                 cache=True,
             )

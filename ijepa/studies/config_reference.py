@@ -94,6 +94,7 @@ def source_sections() -> list[str]:
                 continue
             kind = re.sub(r"\b(typing|builtins)\.", "", str(parameter.annotation)).replace("NoneType", "None")
             text = " ".join(docs.get(name, "").split()).replace("|", "\\|")
+            kind = kind.replace("|", "\\|")  # a union's bar would end the table cell
             out.append(f"| `{cls.__name__}.{name}` | `{kind}` | `{parameter.default!r}` | {text} |")
         out.append("")
     return out
@@ -112,7 +113,8 @@ def reference() -> str:
             continue
         help_text = " ".join((action.help or "").split()).replace("|", "\\|")
         default = linked.get(dest) or f"`{action.default!r}`"
-        sections[prefix].append(f"| `{dest}` | `{_type_name(action)}` | {default} | {help_text} |")
+        kind = _type_name(action).replace("|", "\\|")  # a union's bar would end the table cell
+        sections[prefix].append(f"| `{dest}` | `{kind}` | {default} | {help_text} |")
     for dest, note in linked.items():  # linked options are not parser actions of their own
         prefix = dest.split(".")[0]
         if not any(row.startswith(f"| `{dest}`") for row in sections[prefix]):

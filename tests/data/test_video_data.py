@@ -198,7 +198,7 @@ def test_a_video_folder_fits_through_the_cli_with_timestamps(tmp_path):
     from ijepa.cli import build_cli
 
     root = make_video_folder(tmp_path / "videos", per_class=8)
-    config = ROOT / "configs" / "video_quickstart.yaml"
+    config = ROOT / "configs" / "video_motion.yaml"  # M-RoPE with timestamps
     with mock.patch("sys.argv", ["ijepa"]):
         cli = build_cli(
             [
