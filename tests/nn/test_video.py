@@ -545,18 +545,25 @@ def test_clip_checkpoints_load_at_another_size_and_frame_count(tmp_path, pos_emb
 
 @pytest.mark.slow
 def test_video_quickstart_learns_the_shapes(tmp_path):
-    """The video quickstart's training as shipped (300 steps; validated at the end only, which
-    saves one validation): both pooled probes on the target encoder's features beat their
-    random-init values (step 0) on the moving shape's class, which a random-init encoder's tokens
-    do not carry (its attentive probe stays far below what the direction benchmark's reads).
-    About 3 minutes on 2 CPU cores; docs/video.md has the figures over three seeds."""
+    """The video quickstart's training as shipped (300 steps): both pooled probes on the target
+    encoder's features beat their random-init values (step 0) on the moving shape's class. To
+    save time the run validates at the end only and leaves out the attentive probe, which does
+    not change the training. About 2.5 minutes on 2 CPU cores; docs/video.md has the figures over
+    three seeds, the attentive probe's included."""
     import csv
     from pathlib import Path
     from unittest import mock
 
+    import yaml
+
     from ijepa.cli import build_cli
 
-    config = ROOT / "configs" / "video_quickstart.yaml"
+    shipped = yaml.safe_load((ROOT / "configs" / "video_quickstart.yaml").read_text())
+    callbacks = shipped["trainer"]["callbacks"]
+    shipped["trainer"]["callbacks"] = [c for c in callbacks if not c["class_path"].endswith("AttentiveProbe")]
+    assert len(shipped["trainer"]["callbacks"]) == len(callbacks) - 1
+    config = tmp_path / "video_quickstart.yaml"
+    config.write_text(yaml.safe_dump(shipped))
     with mock.patch("sys.argv", ["ijepa"]):
         build_cli(
             [
@@ -577,10 +584,9 @@ def test_video_quickstart_learns_the_shapes(tmp_path):
     def probe(name):
         return {int(row["step"]): float(row[name]) for row in rows if row.get(name)}
 
-    knn, linear, attentive = probe("val/knn_top1"), probe("val/linear_top1"), probe("val/attentive_top1")
+    knn, linear = probe("val/knn_top1"), probe("val/linear_top1")
     assert sorted(linear) == sorted(knn) and len(linear) == 2 and min(linear) == 0 and max(linear) >= 299, linear
     end = max(linear)
     # 1,000 held-out clips, 10 classes: near 0.15 one standard error is about 0.011
     assert knn[end] > knn[0] + 0.015, knn
     assert linear[end] > linear[0] + 0.05, linear
-    assert attentive[0] < 0.6, attentive  # the shape is not in a random encoder's tokens
