@@ -20,7 +20,7 @@ from ijepa.nn.resize import INTERPOLATION_MODES
 from ijepa.nn.sharding import data_parallel_mesh, is_sharded, shard_network
 from ijepa.nn.video import VideoVisionTransformer, tubelet_times
 from ijepa.nn.vit import VisionTransformer
-from ijepa.regularizers import Projector, SIGReg
+from ijepa.regularizers import Projector, SIGReg, VarianceCovariance
 from ijepa.schedules import cosine_schedule, warmup_cosine_schedule
 
 LOSSES = ("smooth_l1", "mse")
@@ -105,6 +105,9 @@ class IJEPA(L.LightningModule):
         sigreg_projector_share: with a projector, the share of the SIGReg term measured on the
             projector's output; the rest is measured on the tokens themselves (1: all behind
             the projector).
+        varcov_weight: weight ``v`` of VICReg's variance and covariance terms
+            (:class:`ijepa.regularizers.VarianceCovariance`, C-JEPA's lever), measured on the same
+            ``sigreg_tokens`` sampled context tokens and added as ``+ v * varcov``; 0 switches it off.
         rescale_residuals: divide each block's residual output projections by ``sqrt(2 * layer)``
             at init (the I-JEPA ViT's constructor); false starts as official I-JEPA training does,
             whose ``init_model`` redraws every Linear after that rescale.
@@ -180,6 +183,7 @@ class IJEPA(L.LightningModule):
         sigreg_slices: int = 256,
         sigreg_projector: list[int] | None = None,
         sigreg_projector_share: float = 1.0,
+        varcov_weight: float = 0.0,
         rescale_residuals: bool = True,
         lr: float = 1e-3,
         start_lr: float = 2e-4,
@@ -213,6 +217,8 @@ class IJEPA(L.LightningModule):
             raise ValueError(f"sigreg_input must be one of {SIGREG_INPUTS}, got {sigreg_input!r}.")
         if not 0.0 <= sigreg_projector_share <= 1.0:
             raise ValueError(f"sigreg_projector_share must be in [0, 1], got {sigreg_projector_share}.")
+        if varcov_weight < 0:
+            raise ValueError(f"varcov_weight must be >= 0, got {varcov_weight}.")
         if sigreg_tokens < 2:
             raise ValueError(f"sigreg_tokens must be >= 2, got {sigreg_tokens}.")
         self.save_hyperparameters()
@@ -270,6 +276,7 @@ class IJEPA(L.LightningModule):
             pos_options=predictor_pos_options,
         )
         self.sigreg = SIGReg(sigreg_slices) if sigreg_weight > 0 else None
+        self.varcov = VarianceCovariance() if varcov_weight > 0 else None
         self.sigreg_projector = (
             Projector(embed_dim, sigreg_projector) if sigreg_weight > 0 and sigreg_projector else None
         )
@@ -485,7 +492,8 @@ class IJEPA(L.LightningModule):
         """The loss and the target encoder's features of every patch ``[B, N, D]`` (its last block,
         before the loss's layer norm; for native-resolution batches each image's mean ``[B, D]``),
         for monitors that need them. With SIGReg on, the loss is ``(1 - w) * jepa + w * sigreg``
-        and both parts are logged (``*/jepa_loss``, ``*/sigreg``)."""
+        and both parts are logged (``*/jepa_loss``, ``*/sigreg``); with ``varcov_weight`` ``v``,
+        ``+ v * varcov`` is added (logged as ``*/varcov``)."""
         out = self.predict_packed(batch) if "full_values" in batch else self.predict_targets(batch)
         context, target_features = out["context"], out["target_features"]
         context_mask = out.get("context_mask", batch.get("context_mask"))
@@ -510,6 +518,12 @@ class IJEPA(L.LightningModule):
                 self.log(f"{stage}/jepa_loss", loss.detach(), sync_dist=stage != "train")
                 self.log(f"{stage}/sigreg", sigreg.detach(), sync_dist=stage != "train")
             loss = (1 - weight) * loss + weight * sigreg
+        if self.varcov is not None:
+            varcov = self.varcov(self.sigreg_inputs(context, context_mask, "tokens"))
+            if self._trainer is not None:
+                stage = "train" if self.training else ("test" if self.trainer.testing else "val")
+                self.log(f"{stage}/varcov", varcov.detach(), sync_dist=stage != "train")
+            loss = loss + self.hparams.varcov_weight * varcov
         return loss, target_features
 
     def sigreg_statistic(self, inputs: list[torch.Tensor]) -> torch.Tensor:

@@ -5,6 +5,11 @@ it pushes the distribution of embeddings towards an isotropic standard Gaussian 
 random 1-D projections of them against the standard normal with the Epps-Pulley statistic. A
 collapsed or low-rank set of embeddings puts most projections near a point mass, far from
 N(0, 1), so the statistic is large; the gradient spreads the embeddings over every direction.
+
+:class:`VarianceCovariance` is VICReg's variance and covariance terms (Bardes, Ponce & LeCun
+2022), which C-JEPA (Mo & Tong 2024) adds to I-JEPA: a hinge that keeps every dimension's
+standard deviation at 1 or more, and the squared off-diagonal covariances. Unlike SIGReg it
+constrains only the first two moments.
 """
 
 from __future__ import annotations
@@ -134,6 +139,72 @@ class SIGReg(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_slices={self.num_slices}, num_points={self.t.numel()}, t_max={float(self.t[-1]):g}"
+
+
+class VarianceCovariance(nn.Module):
+    """VICReg's variance and covariance terms of ``[N, D]`` embeddings over the global batch.
+
+    ``variance_weight * mean_d relu(target_std - sqrt(var_d + eps)) + covariance_weight *
+    sum_{i != j} cov_ij^2 / D``, with VICReg's defaults (25 and 1; its invariance weight of 25
+    is the JEPA loss's place here). Under DDP the mean and the second moments are all-reduced
+    (differentiably), so every rank computes the global batch's value, as VICReg's own code does
+    by gathering the embeddings.
+
+    Args:
+        variance_weight: weight of the variance hinge (>= 0).
+        covariance_weight: weight of the covariance term (>= 0).
+        target_std: the standard deviation below which the hinge pushes (> 0).
+        eps: added to each variance under the square root (> 0).
+    """
+
+    def __init__(
+        self, variance_weight: float = 25.0, covariance_weight: float = 1.0, target_std: float = 1.0, eps: float = 1e-4
+    ):
+        super().__init__()
+        if variance_weight < 0 or covariance_weight < 0:
+            raise ValueError(
+                f"variance_weight and covariance_weight must be >= 0, got {variance_weight} and {covariance_weight}."
+            )
+        if target_std <= 0:
+            raise ValueError(f"target_std must be > 0, got {target_std}.")
+        if eps <= 0:
+            raise ValueError(f"eps must be > 0, got {eps}.")
+        self.variance_weight, self.covariance_weight = variance_weight, covariance_weight
+        self.target_std, self.eps = target_std, eps
+
+    def terms(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unweighted variance hinge and covariance term of ``embeddings [N, D]``."""
+        if embeddings.dim() != 2 or embeddings.size(0) < 1:
+            raise ValueError(f"embeddings must have shape [N, D] with N >= 1, got {tuple(embeddings.shape)}.")
+        x = embeddings.float()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            count = torch.tensor(float(x.size(0)), device=x.device)
+            dist.all_reduce(count)
+            mean = differentiable_all_reduce(x.sum(0)) / count
+            centred = x - mean
+            second = differentiable_all_reduce(centred.T @ centred)
+        else:
+            count = torch.tensor(float(x.size(0)), device=x.device)
+            centred = x - x.mean(0)
+            second = centred.T @ centred
+        if count < 2:
+            raise ValueError("VarianceCovariance needs at least 2 embeddings in the global batch.")
+        covariance = second / (count - 1)  # [D, D]
+        variance = covariance.diagonal()
+        hinge = torch.relu(self.target_std - torch.sqrt(variance + self.eps)).mean()
+        off_diagonal = covariance - torch.diag(variance)
+        return hinge, off_diagonal.pow(2).sum() / x.size(1)
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """``embeddings [N, D]`` (this rank's share of the batch) -> the weighted sum of both terms."""
+        hinge, covariance = self.terms(embeddings)
+        return self.variance_weight * hinge + self.covariance_weight * covariance
+
+    def extra_repr(self) -> str:
+        return (
+            f"variance_weight={self.variance_weight:g}, covariance_weight={self.covariance_weight:g}, "
+            f"target_std={self.target_std:g}"
+        )
 
 
 class Projector(nn.Sequential):

@@ -1,4 +1,4 @@
-"""SIGReg: the statistic, its gradient, its directions, and its global-batch value under DDP."""
+"""SIGReg and VICReg's variance-covariance terms: statistics, gradients, and global-batch values under DDP."""
 
 import math
 import os
@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ijepa.regularizers import Projector, SIGReg, epps_pulley_terms, random_directions
+from ijepa.regularizers import Projector, SIGReg, VarianceCovariance, epps_pulley_terms, random_directions
 
 
 def test_sigreg_is_near_its_gaussian_expectation_for_gaussian_samples_at_any_batch_size():
@@ -205,3 +205,106 @@ def test_projector_share_splits_the_statistic_between_projector_output_and_token
     assert float(models[0.25].sigreg_statistic([x])) == pytest.approx(0.25 * behind + 0.75 * raw)
     with pytest.raises(ValueError, match="sigreg_projector_share must be in"):
         IJEPA(**tiny, sigreg_projector_share=1.5)
+
+
+def test_varcov_is_zero_for_whitened_samples_and_matches_the_covariance_matrix():
+    x = torch.randn(4096, 32, dtype=torch.float64)
+    x = (x - x.mean(0)) @ torch.linalg.inv(torch.linalg.cholesky(torch.cov(x.T)).T)  # covariance exactly I
+    hinge, covariance = VarianceCovariance(eps=1e-12).terms(x)
+    assert float(hinge) < 1e-5 and float(covariance) < 1e-8
+    y = torch.randn(512, 8) @ torch.randn(8, 8)
+    reference = torch.cov(y.T)
+    std = torch.sqrt(reference.diagonal() + 1e-4)
+    expected_hinge = torch.relu(1 - std).mean()
+    expected_cov = (reference - torch.diag(reference.diagonal())).pow(2).sum() / 8
+    hinge, covariance = VarianceCovariance().terms(y)
+    assert torch.allclose(hinge, expected_hinge, atol=1e-5) and torch.allclose(covariance, expected_cov, rtol=1e-4)
+    assert torch.allclose(VarianceCovariance(25.0, 1.0)(y), 25 * expected_hinge + expected_cov, rtol=1e-4)
+
+
+def test_varcov_is_large_for_collapsed_and_correlated_samples_and_its_gradient_spreads_them():
+    varcov = VarianceCovariance()
+    gaussian = float(varcov(torch.randn(1024, 16)))
+    collapsed = float(varcov(torch.ones(1024, 16) * 0.3 + 1e-3 * torch.randn(1024, 16)))
+    low_rank = float(varcov(torch.randn(1024, 1) @ torch.ones(1, 16)))  # every dimension the same
+    assert gaussian < 1.0 and collapsed > 20 and low_rank > 10
+    # the hinge's gradient per sample scales as 1 / N: plain SGD needs a large step
+    x = (0.05 * torch.randn(256, 16)).requires_grad_(True)
+    optimizer = torch.optim.SGD([x], lr=10.0)
+    for _ in range(20):
+        optimizer.zero_grad()
+        varcov(x).backward()
+        optimizer.step()
+    assert 0.9 < float(x.detach().std(0).mean()) < 1.5  # pushed up to the target std of 1, not beyond
+    assert float(varcov(x)) < 0.1 * collapsed
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [({"variance_weight": -1.0}, "variance_weight"), ({"target_std": 0.0}, "target_std"), ({"eps": 0.0}, "eps")],
+)
+def test_varcov_bad_settings_name_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        VarianceCovariance(**kwargs)
+    with pytest.raises(ValueError, match="embeddings"):
+        VarianceCovariance()(torch.randn(4, 5, 6))
+
+
+def _varcov_rank_worker(rank: int, world: int, port: int, x: torch.Tensor, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    share = x.chunk(world)[rank].clone().requires_grad_(True)
+    value = VarianceCovariance()(share)
+    (value / world).backward()  # as DDP averages gradients over ranks
+    out[rank] = (value.detach(), share.grad.clone())
+    dist.destroy_process_group()
+
+
+def test_varcov_on_two_ranks_is_the_global_batch_value_and_gradient():
+    x = torch.randn(96, 16) @ torch.randn(16, 16) * 0.5 + 0.3
+    whole = x.clone().requires_grad_(True)
+    value = VarianceCovariance()(whole)
+    value.backward()
+    out = mp.Manager().dict()
+    mp.spawn(_varcov_rank_worker, args=(2, _free_port(), x, out), nprocs=2, join=True)
+    for rank in range(2):
+        rank_value, rank_grad = out[rank]
+        assert torch.allclose(rank_value, value.detach(), rtol=1e-5)
+        assert torch.allclose(rank_grad, whole.grad.chunk(2)[rank], rtol=1e-4, atol=1e-6)
+
+
+def test_varcov_weight_adds_its_weighted_term_on_the_sampled_context_tokens():
+    """``model.varcov_weight: v`` -> the loss is the plain loss plus ``v * varcov`` of the same
+    sampled context tokens SIGReg would see; 0 builds no term; a negative weight is an error."""
+    from ijepa.module import IJEPA
+
+    tiny = dict(
+        image_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        predictor_embed_dim=16,
+        predictor_depth=1,
+        predictor_num_heads=2,
+        sigreg_tokens=16,
+    )
+    torch.manual_seed(0)
+    plain = IJEPA(**tiny)
+    with_term = IJEPA(**tiny, varcov_weight=0.5)
+    with_term.load_state_dict(plain.state_dict())
+    assert plain.varcov is None and isinstance(with_term.varcov, VarianceCovariance)
+    batch = {
+        "images": torch.randn(4, 3, 32, 32),
+        "context_indices": torch.tensor([[0, 1, 2, 3, 4, 5]] * 4),
+        "target_indices": torch.tensor([[[10, 11], [14, 15]]] * 4),
+    }
+    base = plain.jepa_loss(batch)
+    context = with_term.predict_targets(batch)["context"]
+    tokens = with_term.sigreg_inputs(context, None, "tokens")
+    assert tokens.shape == (16, 32)
+    expected = base + 0.5 * VarianceCovariance()(tokens)
+    torch.testing.assert_close(with_term.jepa_loss(batch), expected)
+    with pytest.raises(ValueError, match="varcov_weight must be >= 0"):
+        IJEPA(**tiny, varcov_weight=-0.1)

@@ -2,8 +2,9 @@
 
 Every variant is ``configs/quickstart.yaml`` with overrides: ``plain`` undoes every lever
 (``configs/ablations/plain_ijepa.yaml``) and each ``+lever`` variant is plain with one lever
-switched on. ``+sigreg_tokens`` is the quickstart's own recipe (the same resolved config), so
-it is not run twice; ``+sigreg_proj`` sees the same tokens through an MLP projector, and
+switched on. ``+varcov`` (VICReg's variance-covariance terms on the context tokens) is the
+quickstart's own recipe (the same resolved config), so it is not run twice; ``+sigreg_tokens``
+is LeJEPA's SIGReg on the same tokens, ``+sigreg_proj`` sees them through an MLP projector, and
 ``+sigreg_half_proj`` measures half of the SIGReg term each way. Runs go one after another
 (two at once on 2 cores halve each other's speed and spoil the wall-time column)::
 
@@ -43,6 +44,7 @@ VARIANTS: dict[str, list[str]] = {
     "+sigreg_both": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=both"],
     "+target_avg4": [f"--config={PLAIN}", "--model.target_last_blocks=4"],
     "+target_inorm": [f"--config={PLAIN}", "--model.target_norm=instance"],
+    "+varcov": [f"--config={PLAIN}", "--model.varcov_weight=0.04"],
     "+sigreg_proj": [
         f"--config={PLAIN}",
         "--model.sigreg_weight=0.05",
