@@ -173,14 +173,16 @@ def run(args: argparse.Namespace) -> dict:
     # --- same math: both losses on one batch, same weights --------------------------------------
     baseline = SeedIJEPA(model).to(device).train() if args.baseline else None
     if baseline is not None:
-        # The baseline has no SIGReg: compare the JEPA part of the loss. The timed step below is
-        # the config's own, SIGReg included (result["sigreg_weight"] says whether it was on).
-        sigreg, model.sigreg = model.sigreg, None
+        # The baseline has no regulariser: compare the JEPA part of the loss. The timed step below
+        # is the config's own, regularisers included (result["sigreg_weight"] and
+        # result["varcov_weight"] say whether they were on).
+        (sigreg, model.sigreg), (varcov, model.varcov) = (model.sigreg, None), (model.varcov, None)
         with torch.no_grad():
             result["loss"] = float(model.jepa_loss(batches[0]))
             result["baseline_loss"] = float(baseline.loss(batches[0]))
-        model.sigreg = sigreg
+        model.sigreg, model.varcov = sigreg, varcov
     result["sigreg_weight"] = float(model.hparams.sigreg_weight)
+    result["varcov_weight"] = float(model.hparams.varcov_weight)
 
     # --- training steps --------------------------------------------------------------------------
     optimizer = model.build_optimizer()
@@ -367,6 +369,13 @@ def format_table(result: dict) -> str:
         ]
         if result.get("sigreg_weight"):
             rows.append(("  our step adds SIGReg, the baseline's does not (weight)", f"{result['sigreg_weight']:g}"))
+        if result.get("varcov_weight"):
+            rows.append(
+                (
+                    "  our step adds VICReg's variance-covariance terms, the baseline's does not (weight)",
+                    f"{result['varcov_weight']:g}",
+                )
+            )
     if "one_pass_images_per_s" in result:
         rows.append(("one-pass predictor, different math (images/s)", f"{result['one_pass_images_per_s']:.1f}"))
         if "one_pass_speedup" in result:

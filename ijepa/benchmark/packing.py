@@ -64,11 +64,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
     padded = [{k: v.to(device) for k, v in b.items()} for b in padded]
     model.to(device).train()
     model.setup("fit")
-    # SIGReg draws a random subset of the real context tokens, in slot order: compare the JEPA part
-    sigreg, model.sigreg = model.sigreg, None
+    # The regularisers draw a random subset of the real context tokens, in slot order: compare the
+    # JEPA part
+    (sigreg, model.sigreg), (varcov, model.varcov) = (model.sigreg, None), (model.varcov, None)
     with torch.no_grad():
         losses = float(model.jepa_loss(packed[0])), float(model.jepa_loss(padded[0]))
-    model.sigreg = sigreg
+    model.sigreg, model.varcov = sigreg, varcov
     optimizer = model.build_optimizer()
 
     def step(batch) -> None:
