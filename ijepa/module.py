@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 
@@ -503,28 +504,46 @@ class IJEPA(L.LightningModule):
             loss = (per_value * weights).sum() / (weights.sum() * per_value.size(-1))
         else:
             loss = self.prediction_loss(out["predictions"], out["targets"])
+        stage = None
+        if self._trainer is not None:
+            stage = "train" if self.training else ("test" if self.trainer.testing else "val")
+        kinds = ("tokens", "pooled") if self.hparams.sigreg_input == "both" else (self.hparams.sigreg_input,)
+        # the sampled context tokens, drawn once for both regularisers
+        tokens = None
+        if self.varcov is not None or (self.sigreg is not None and "tokens" in kinds):
+            tokens = self.sigreg_inputs(context, context_mask, "tokens")
         if self.sigreg is not None:
             weight = self.hparams.sigreg_weight
-            kinds = ("tokens", "pooled") if self.hparams.sigreg_input == "both" else (self.hparams.sigreg_input,)
             inputs = [
-                out["context_pooled"]
-                if kind == "pooled" and "context_pooled" in out
+                tokens
+                if kind == "tokens"
+                else out["context_pooled"]
+                if "context_pooled" in out
                 else self.sigreg_inputs(context, context_mask, kind)
                 for kind in kinds
             ]
             sigreg = self.sigreg_statistic(inputs)
-            if self._trainer is not None:
-                stage = "train" if self.training else ("test" if self.trainer.testing else "val")
+            if stage is not None:
                 self.log(f"{stage}/jepa_loss", loss.detach(), sync_dist=stage != "train")
                 self.log(f"{stage}/sigreg", sigreg.detach(), sync_dist=stage != "train")
             loss = (1 - weight) * loss + weight * sigreg
         if self.varcov is not None:
-            varcov = self.varcov(self.sigreg_inputs(context, context_mask, "tokens"))
-            if self._trainer is not None:
-                stage = "train" if self.training else ("test" if self.trainer.testing else "val")
+            varcov = self.varcov(tokens)
+            if stage is not None:
                 self.log(f"{stage}/varcov", varcov.detach(), sync_dist=stage != "train")
             loss = loss + self.hparams.varcov_weight * varcov
         return loss, target_features
+
+    @contextlib.contextmanager
+    def regularisers_off(self):
+        """Within the block the loss is the JEPA loss alone (SIGReg and the variance-covariance
+        terms off), e.g. to compare it with code that has neither."""
+        saved = self.sigreg, self.varcov
+        self.sigreg, self.varcov = None, None
+        try:
+            yield self
+        finally:
+            self.sigreg, self.varcov = saved
 
     def sigreg_statistic(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         """SIGReg of each ``[n, D]`` input, averaged: behind the projector (if any) for

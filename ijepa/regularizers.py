@@ -178,17 +178,18 @@ class VarianceCovariance(nn.Module):
             raise ValueError(f"embeddings must have shape [N, D] with N >= 1, got {tuple(embeddings.shape)}.")
         x = embeddings.float()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # the global count stays a tensor: checking it in Python would sync the device each step
             count = torch.tensor(float(x.size(0)), device=x.device)
             dist.all_reduce(count)
             mean = differentiable_all_reduce(x.sum(0)) / count
             centred = x - mean
             second = differentiable_all_reduce(centred.T @ centred)
         else:
-            count = torch.tensor(float(x.size(0)), device=x.device)
+            if x.size(0) < 2:
+                raise ValueError(f"VarianceCovariance needs at least 2 embeddings, got {x.size(0)}.")
+            count = x.size(0)
             centred = x - x.mean(0)
             second = centred.T @ centred
-        if count < 2:
-            raise ValueError("VarianceCovariance needs at least 2 embeddings in the global batch.")
         covariance = second / (count - 1)  # [D, D]
         variance = covariance.diagonal()
         hinge = torch.relu(self.target_std - torch.sqrt(variance + self.eps)).mean()

@@ -176,11 +176,9 @@ def run(args: argparse.Namespace) -> dict:
         # The baseline has no regulariser: compare the JEPA part of the loss. The timed step below
         # is the config's own, regularisers included (result["sigreg_weight"] and
         # result["varcov_weight"] say whether they were on).
-        (sigreg, model.sigreg), (varcov, model.varcov) = (model.sigreg, None), (model.varcov, None)
-        with torch.no_grad():
+        with torch.no_grad(), model.regularisers_off():
             result["loss"] = float(model.jepa_loss(batches[0]))
             result["baseline_loss"] = float(baseline.loss(batches[0]))
-        model.sigreg, model.varcov = sigreg, varcov
     result["sigreg_weight"] = float(model.hparams.sigreg_weight)
     result["varcov_weight"] = float(model.hparams.varcov_weight)
 

@@ -66,10 +66,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
     model.setup("fit")
     # The regularisers draw a random subset of the real context tokens, in slot order: compare the
     # JEPA part
-    (sigreg, model.sigreg), (varcov, model.varcov) = (model.sigreg, None), (model.varcov, None)
-    with torch.no_grad():
+    with torch.no_grad(), model.regularisers_off():
         losses = float(model.jepa_loss(packed[0])), float(model.jepa_loss(padded[0]))
-    model.sigreg, model.varcov = sigreg, varcov
     optimizer = model.build_optimizer()
 
     def step(batch) -> None:
