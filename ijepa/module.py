@@ -109,6 +109,9 @@ class IJEPA(L.LightningModule):
         varcov_weight: weight ``v`` of VICReg's variance and covariance terms
             (:class:`ijepa.regularizers.VarianceCovariance`, C-JEPA's lever), measured on the same
             ``sigreg_tokens`` sampled context tokens and added as ``+ v * varcov``; 0 switches it off.
+        varcov_input: what the variance-covariance terms see, as ``sigreg_input``: ``tokens`` (the
+            sampled context tokens), ``pooled`` (each image's mean context token, C-JEPA's choice)
+            or ``both`` (the mean of the two).
         rescale_residuals: divide each block's residual output projections by ``sqrt(2 * layer)``
             at init (the I-JEPA ViT's constructor); false starts as official I-JEPA training does,
             whose ``init_model`` redraws every Linear after that rescale.
@@ -185,6 +188,7 @@ class IJEPA(L.LightningModule):
         sigreg_projector: list[int] | None = None,
         sigreg_projector_share: float = 1.0,
         varcov_weight: float = 0.0,
+        varcov_input: str = "tokens",
         rescale_residuals: bool = True,
         lr: float = 1e-3,
         start_lr: float = 2e-4,
@@ -218,6 +222,8 @@ class IJEPA(L.LightningModule):
             raise ValueError(f"sigreg_input must be one of {SIGREG_INPUTS}, got {sigreg_input!r}.")
         if not 0.0 <= sigreg_projector_share <= 1.0:
             raise ValueError(f"sigreg_projector_share must be in [0, 1], got {sigreg_projector_share}.")
+        if varcov_input not in SIGREG_INPUTS:
+            raise ValueError(f"varcov_input must be one of {SIGREG_INPUTS}, got {varcov_input!r}.")
         if varcov_weight < 0:
             raise ValueError(f"varcov_weight must be >= 0, got {varcov_weight}.")
         if sigreg_tokens < 2:
@@ -494,7 +500,7 @@ class IJEPA(L.LightningModule):
         before the loss's layer norm; for native-resolution batches each image's mean ``[B, D]``),
         for monitors that need them. With SIGReg on, the loss is ``(1 - w) * jepa + w * sigreg``
         and both parts are logged (``*/jepa_loss``, ``*/sigreg``); with ``varcov_weight`` ``v``,
-        ``+ v * varcov`` is added (logged as ``*/varcov``)."""
+        ``+ v * varcov`` is added (logged as ``*/varcov``, and the JEPA part as ``*/jepa_loss``)."""
         out = self.predict_packed(batch) if "full_values" in batch else self.predict_targets(batch)
         context, target_features = out["context"], out["target_features"]
         context_mask = out.get("context_mask", batch.get("context_mask"))
@@ -507,32 +513,34 @@ class IJEPA(L.LightningModule):
         stage = None
         if self._trainer is not None:
             stage = "train" if self.training else ("test" if self.trainer.testing else "val")
-        kinds = ("tokens", "pooled") if self.hparams.sigreg_input == "both" else (self.hparams.sigreg_input,)
-        # the sampled context tokens, drawn once for both regularisers
-        tokens = None
-        if self.varcov is not None or (self.sigreg is not None and "tokens" in kinds):
-            tokens = self.sigreg_inputs(context, context_mask, "tokens")
+        kinds = self.regulariser_kinds(self.hparams.sigreg_input) if self.sigreg is not None else ()
+        varcov_kinds = self.regulariser_kinds(self.hparams.varcov_input) if self.varcov is not None else ()
+        # the sampled context tokens and the pooled context, each drawn once for both regularisers
+        inputs = {}
+        for kind in {*kinds, *varcov_kinds}:
+            if kind == "pooled" and "context_pooled" in out:
+                inputs[kind] = out["context_pooled"]
+            else:
+                inputs[kind] = self.sigreg_inputs(context, context_mask, kind)
+        if stage is not None and inputs:
+            self.log(f"{stage}/jepa_loss", loss.detach(), sync_dist=stage != "train")
         if self.sigreg is not None:
             weight = self.hparams.sigreg_weight
-            inputs = [
-                tokens
-                if kind == "tokens"
-                else out["context_pooled"]
-                if "context_pooled" in out
-                else self.sigreg_inputs(context, context_mask, kind)
-                for kind in kinds
-            ]
-            sigreg = self.sigreg_statistic(inputs)
+            sigreg = self.sigreg_statistic([inputs[kind] for kind in kinds])
             if stage is not None:
-                self.log(f"{stage}/jepa_loss", loss.detach(), sync_dist=stage != "train")
                 self.log(f"{stage}/sigreg", sigreg.detach(), sync_dist=stage != "train")
             loss = (1 - weight) * loss + weight * sigreg
         if self.varcov is not None:
-            varcov = self.varcov(tokens)
+            varcov = sum(self.varcov(inputs[kind]) for kind in varcov_kinds) / len(varcov_kinds)
             if stage is not None:
                 self.log(f"{stage}/varcov", varcov.detach(), sync_dist=stage != "train")
             loss = loss + self.hparams.varcov_weight * varcov
         return loss, target_features
+
+    @staticmethod
+    def regulariser_kinds(setting: str) -> tuple[str, ...]:
+        """The inputs a ``sigreg_input`` / ``varcov_input`` setting names: ``both`` is tokens and pooled."""
+        return ("tokens", "pooled") if setting == "both" else (setting,)
 
     @contextlib.contextmanager
     def regularisers_off(self):

@@ -308,3 +308,40 @@ def test_varcov_weight_adds_its_weighted_term_on_the_sampled_context_tokens():
     torch.testing.assert_close(with_term.jepa_loss(batch), expected)
     with pytest.raises(ValueError, match="varcov_weight must be >= 0"):
         IJEPA(**tiny, varcov_weight=-0.1)
+
+
+@pytest.mark.parametrize("varcov_input", ["pooled", "both"])
+def test_varcov_input_pooled_measures_each_images_mean_context_token_and_both_averages(varcov_input):
+    """``model.varcov_input: pooled`` -> the term is measured on each image's mean context token
+    ``[B, D]`` (C-JEPA's choice); ``both`` -> the mean of the tokens' and the pooled term; any other
+    value is an error naming the parameter."""
+    from ijepa.module import IJEPA
+
+    tiny = dict(
+        image_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        predictor_embed_dim=16,
+        predictor_depth=1,
+        predictor_num_heads=2,
+        sigreg_tokens=16,
+    )
+    torch.manual_seed(0)
+    plain = IJEPA(**tiny)
+    with_term = IJEPA(**tiny, varcov_weight=0.5, varcov_input=varcov_input)
+    with_term.load_state_dict(plain.state_dict())
+    batch = {
+        "images": torch.randn(6, 3, 32, 32),
+        "context_indices": torch.tensor([[0, 1, 2, 3, 4, 5]] * 6),
+        "target_indices": torch.tensor([[[10, 11], [14, 15]]] * 6),
+    }
+    base = plain.jepa_loss(batch)
+    context = with_term.predict_targets(batch)["context"]  # [B, Kc, D]
+    pooled = VarianceCovariance()(context.mean(1))
+    tokens = VarianceCovariance()(with_term.sigreg_inputs(context, None, "tokens"))
+    term = pooled if varcov_input == "pooled" else (pooled + tokens) / 2
+    torch.testing.assert_close(with_term.jepa_loss(batch), base + 0.5 * term)
+    with pytest.raises(ValueError, match="varcov_input must be one of"):
+        IJEPA(**tiny, varcov_weight=0.5, varcov_input="projector")
