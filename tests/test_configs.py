@@ -86,9 +86,10 @@ def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path):
     )
     assert recipe.model.hparams.varcov_weight > 0 and recipe.model.varcov is not None
     assert plain.model.hparams.varcov_weight == 0 and plain.model.varcov is None
+    assert plain.model.hparams.varcov_input == "tokens"  # the plain row's +varcov lever is the tokens' term
     assert plain.model.hparams.sigreg_weight == 0 and plain.model.sigreg is None
     assert plain.model.hparams.target_last_blocks == 1 and plain.model.hparams.rescale_residuals
     assert plain.datamodule.hparams.context_policy == "thin"
     # nothing else differs: the ablation's rows are each this plain recipe plus one lever
     differ = {k for k in recipe.model.hparams if recipe.model.hparams[k] != plain.model.hparams[k]}
-    assert differ == {"varcov_weight"}
+    assert differ == {"varcov_weight", "varcov_input"}

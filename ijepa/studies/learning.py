@@ -44,7 +44,9 @@ VARIANTS: dict[str, list[str]] = {
     "+sigreg_both": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=both"],
     "+target_avg4": [f"--config={PLAIN}", "--model.target_last_blocks=4"],
     "+target_inorm": [f"--config={PLAIN}", "--model.target_norm=instance"],
-    "+varcov": [f"--config={PLAIN}", "--model.varcov_weight=0.04"],
+    "+varcov": [f"--config={PLAIN}", "--model.varcov_weight=0.04", "--model.varcov_input=tokens"],
+    "+varcov_pooled": [f"--config={PLAIN}", "--model.varcov_weight=0.04", "--model.varcov_input=pooled"],
+    "+varcov_both": [f"--config={PLAIN}", "--model.varcov_weight=0.04", "--model.varcov_input=both"],
     "+sigreg_proj": [
         f"--config={PLAIN}",
         "--model.sigreg_weight=0.05",
