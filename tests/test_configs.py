@@ -92,4 +92,4 @@ def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path):
     assert plain.datamodule.hparams.context_policy == "thin"
     # nothing else differs: the ablation's rows are each this plain recipe plus one lever
     differ = {k for k in recipe.model.hparams if recipe.model.hparams[k] != plain.model.hparams[k]}
-    assert differ == {"varcov_weight", "varcov_input"}
+    assert differ == {"varcov_weight"}
