@@ -107,8 +107,8 @@ class IJEPA(L.LightningModule):
             projector's output; the rest is measured on the tokens themselves (1: all behind
             the projector).
         varcov_weight: weight ``v`` of VICReg's variance and covariance terms
-            (:class:`ijepa.regularizers.VarianceCovariance`, C-JEPA's lever), measured on the same
-            ``sigreg_tokens`` sampled context tokens and added as ``+ v * varcov``; 0 switches it off.
+            (:class:`ijepa.regularizers.VarianceCovariance`, C-JEPA's lever), measured on what
+            ``varcov_input`` names and added as ``+ v * varcov``; 0 switches it off.
         varcov_input: what the variance-covariance terms see, as ``sigreg_input``: ``tokens`` (the
             sampled context tokens), ``pooled`` (each image's mean context token, C-JEPA's choice)
             or ``both`` (the mean of the two).

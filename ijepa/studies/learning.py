@@ -5,7 +5,9 @@ Every variant is ``configs/quickstart.yaml`` with overrides: ``plain`` undoes ev
 switched on. ``+varcov`` (VICReg's variance-covariance terms on the context tokens) is the
 quickstart's own recipe (the same resolved config), so it is not run twice; ``+sigreg_tokens``
 is LeJEPA's SIGReg on the same tokens, ``+sigreg_proj`` sees them through an MLP projector, and
-``+sigreg_half_proj`` measures half of the SIGReg term each way. Runs go one after another
+``+sigreg_half_proj`` measures half of the SIGReg term each way; ``+varcov_pooled`` and
+``+varcov_both`` measure the variance-covariance terms on each image's mean context token
+instead of, or as well as, the tokens. Runs go one after another
 (two at once on 2 cores halve each other's speed and spoil the wall-time column)::
 
     python -m ijepa.studies.learning run --root runs/learning --seeds 0 1 2
