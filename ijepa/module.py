@@ -517,7 +517,7 @@ class IJEPA(L.LightningModule):
         varcov_kinds = self.regulariser_kinds(self.hparams.varcov_input) if self.varcov is not None else ()
         # the sampled context tokens and the pooled context, each drawn once for both regularisers
         inputs = {}
-        for kind in {*kinds, *varcov_kinds}:
+        for kind in dict.fromkeys((*kinds, *varcov_kinds)):  # each kind once, in a fixed order
             if kind == "pooled" and "context_pooled" in out:
                 inputs[kind] = out["context_pooled"]
             else:
