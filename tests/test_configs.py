@@ -77,9 +77,12 @@ def test_an_option_the_encoding_does_not_have_is_refused_by_name(tmp_path):
         IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
 
 
-def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path):
+@pytest.mark.parametrize("quickstart", ["quickstart.yaml", "video_quickstart.yaml"])
+def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path, quickstart):
+    """Both quickstarts are plain I-JEPA plus the variance-covariance terms on the tokens, so each
+    is the learning study's `+varcov` row of its data (docs/training.md, docs/video.md)."""
     root = ROOT / "configs"
-    args = ["--config", str(root / "quickstart.yaml"), f"--trainer.default_root_dir={tmp_path}"]
+    args = ["--config", str(root / quickstart), f"--trainer.default_root_dir={tmp_path}"]
     recipe = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
     plain = IJEPACLI(
         IJEPA, IJEPADataModule, run=False, args=args + ["--config", str(root / "ablations" / "plain_ijepa.yaml")]
