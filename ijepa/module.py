@@ -14,7 +14,15 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ijepa.checkpoint import resize_optimizer_states, resize_state_dict
 from ijepa.nn.checks import index_checks
-from ijepa.nn.packing import Packed, canvas_positions, pack, pack_greedy, patchify, pooled_per_image
+from ijepa.nn.packing import (
+    Packed,
+    canvas_positions,
+    instance_norm_per_image,
+    pack,
+    pack_greedy,
+    patchify,
+    pooled_per_image,
+)
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.resize import INTERPOLATION_MODES
@@ -466,14 +474,11 @@ class IJEPA(L.LightningModule):
     def predict_packed(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A native-resolution batch (:class:`ijepa.data.native.PackedMaskCollator`) through both
         branches: ``predictions`` and ``targets`` ``[T, D]`` (every target token of every image,
-        targets layer-normed, without gradient), the context encoder's packed output ``context
+        targets normalised by ``target_norm``, without gradient), the context encoder's packed output ``context
         [S, L, D]`` with ``context_mask`` (real slots) and ``context_pooled [B, D]`` (each image's
         mean context token), and ``target_features [B, D]``, each image's mean target feature."""
-        if self.hparams.target_last_blocks != 1 or self.hparams.target_norm != "layer":
-            raise ValueError(
-                "native-resolution batches take target_last_blocks=1 and target_norm=layer (the last block's "
-                "output, each token layer-normed)."
-            )
+        if self.hparams.target_last_blocks != 1:
+            raise ValueError("native-resolution batches take target_last_blocks=1 (the last block's output).")
         num_images = batch["labels"].size(0)
         full = Packed(batch["full_values"], batch["full_positions"], batch["full_ids"])
         context_in = Packed(batch["context_values"], batch["context_positions"], batch["context_ids"])
@@ -481,7 +486,10 @@ class IJEPA(L.LightningModule):
         target_slot = batch["pred_target_slot"]
         with torch.no_grad():
             features = self.target_encoder.forward_packed(full)  # [S_f, L_f, D]
-            normed = F.layer_norm(features, features.shape[-1:])
+            if self.hparams.target_norm == "layer":
+                normed = F.layer_norm(features, features.shape[-1:])
+            else:  # each feature over its own image's tokens, wherever the packing put them
+                normed = instance_norm_per_image(features, full.image_ids, num_images)
             targets = normed.flatten(0, 1)[target_slot[target_slot >= 0]]
             target_features = pooled_per_image(features, full.image_ids, num_images)
         context = self.encoder.forward_packed(context_in)

@@ -156,6 +156,19 @@ def pooled_per_image(values: torch.Tensor, image_ids: torch.Tensor, num_images: 
     return (sums / counts[:, None]).to(values.dtype)
 
 
+def instance_norm_per_image(
+    values: torch.Tensor, image_ids: torch.Tensor, num_images: int, eps: float = 1e-5
+) -> torch.Tensor:
+    """Each feature normalised over its own image's slots, ``[S, L, D]`` -> ``[S, L, D]``
+    (data2vec's instance norm of packed targets; padding slots come back as 0). An image split
+    over several sequences is normalised as one image."""
+    mean = pooled_per_image(values.float(), image_ids, num_images)  # [n, D]
+    var = (pooled_per_image(values.float().square(), image_ids, num_images) - mean.square()).clamp_min(0)
+    index = image_ids.clamp_min(0)
+    normed = (values.float() - mean[index]) * torch.rsqrt(var[index] + eps)
+    return torch.where((image_ids >= 0)[..., None], normed, 0.0).to(values.dtype)
+
+
 def drop_tokens(
     lengths: list[int], rate: float, generator: torch.Generator | None = None, min_keep: int = 1
 ) -> list[torch.Tensor]:

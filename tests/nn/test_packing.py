@@ -10,6 +10,7 @@ from ijepa.nn.packing import (
     Packed,
     canvas_positions,
     drop_tokens,
+    instance_norm_per_image,
     pack,
     pack_greedy,
     patchify,
@@ -101,6 +102,20 @@ def test_packing_respects_the_budget_and_loses_no_image(lengths, budget):
 def test_an_image_larger_than_the_budget_is_an_error():
     with pytest.raises(ValueError, match=r"longer than the token budget 10: \(index, length\) \[\(1, 11\)\]"):
         pack_greedy([3, 11], 10)
+
+
+def test_packed_instance_norm_equals_each_images_own_instance_norm():
+    """data2vec's target norm on packed tokens: each feature normalised over its own image's
+    tokens, the same as ``normalize_targets(..., "instance")`` on the image alone; padding is 0."""
+    from ijepa.module import normalize_targets
+
+    packed, pictures, _ = packed_images(budget=40)
+    values = torch.randn(*packed.image_ids.shape, 16, generator=torch.Generator().manual_seed(1)) * 3 + 2
+    normed = instance_norm_per_image(values, packed.image_ids, len(pictures))
+    assert normed.shape == values.shape
+    assert torch.all(normed[~packed.real] == 0)
+    for alone, mine in zip(unpack(values, packed.image_ids, len(pictures)), unpack(normed, packed.image_ids, len(pictures))):
+        torch.testing.assert_close(mine, normalize_targets(alone[None], "instance")[0], rtol=1e-4, atol=1e-4)
 
 
 def test_token_drop_keeps_the_stated_share_without_repeats():
