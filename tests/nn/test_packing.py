@@ -114,7 +114,9 @@ def test_packed_instance_norm_equals_each_images_own_instance_norm():
     normed = instance_norm_per_image(values, packed.image_ids, len(pictures))
     assert normed.shape == values.shape
     assert torch.all(normed[~packed.real] == 0)
-    for alone, mine in zip(unpack(values, packed.image_ids, len(pictures)), unpack(normed, packed.image_ids, len(pictures))):
+    for alone, mine in zip(
+        unpack(values, packed.image_ids, len(pictures)), unpack(normed, packed.image_ids, len(pictures))
+    ):
         torch.testing.assert_close(mine, normalize_targets(alone[None], "instance")[0], rtol=1e-4, atol=1e-4)
 
 
