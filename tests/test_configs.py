@@ -77,10 +77,14 @@ def test_an_option_the_encoding_does_not_have_is_refused_by_name(tmp_path):
         IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
 
 
-@pytest.mark.parametrize("quickstart", ["quickstart.yaml", "video_quickstart.yaml"])
-def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path, quickstart):
-    """Both quickstarts are plain I-JEPA plus the variance-covariance terms on the tokens, so each
-    is the learning study's `+varcov` row of its data (docs/training.md, docs/video.md)."""
+@pytest.mark.parametrize(
+    "quickstart, levers",
+    [("quickstart.yaml", {"varcov_weight", "target_norm"}), ("video_quickstart.yaml", {"varcov_weight"})],
+)
+def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path, quickstart, levers):
+    """The image quickstart is plain I-JEPA plus the variance-covariance terms on the tokens and
+    instance-normed targets, the learning study's `+varcov_inorm` row; the video quickstart plain
+    I-JEPA plus the terms alone, its `+varcov` row (docs/training.md, docs/video.md)."""
     root = ROOT / "configs"
     args = ["--config", str(root / quickstart), f"--trainer.default_root_dir={tmp_path}"]
     recipe = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
@@ -95,4 +99,20 @@ def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path, quickst
     assert plain.datamodule.hparams.context_policy == "thin"
     # nothing else differs: the ablation's rows are each this plain recipe plus one lever
     differ = {k for k in recipe.model.hparams if recipe.model.hparams[k] != plain.model.hparams[k]}
-    assert differ == {"varcov_weight"}
+    assert differ == levers
+    assert plain.model.hparams.target_norm == "layer"
+
+
+@pytest.mark.parametrize(
+    "quickstart, variant", [("quickstart.yaml", "+varcov_inorm"), ("video_quickstart.yaml", "+varcov")]
+)
+def test_each_quickstart_is_its_learning_study_row(tmp_path, quickstart, variant):
+    """The row the docs report for a quickstart resolves to the shipped config itself: the
+    study's overrides on top of the config change none of its model or data settings."""
+    from ijepa.studies.learning import VARIANTS
+
+    args = ["--config", str(ROOT / "configs" / quickstart), f"--trainer.default_root_dir={tmp_path}"]
+    shipped = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args)
+    row = IJEPACLI(IJEPA, IJEPADataModule, run=False, args=args + VARIANTS[variant])
+    assert dict(row.model.hparams) == dict(shipped.model.hparams)
+    assert dict(row.datamodule.hparams) == dict(shipped.datamodule.hparams)

@@ -38,8 +38,8 @@ class KNNProbe(Probe):
     The bank is the labeled train split (``datamodule.knn_train_dataloader()``), the queries the
     held-out split (``datamodule.knn_test_dataloader()``); images labelled ``-1`` (unlabeled) never
     enter. When it runs, what it logs (``val/knn_top1``, ``test/knn_top1``) and its standing down
-    on unlabelled data: :class:`ijepa.callbacks.probe.Probe` (with ``check_val_every_n_epoch: 6``,
-    ``every_n_epochs: 6`` probes at every validation).
+    on unlabelled data: :class:`ijepa.callbacks.probe.Probe` (the default ``every_n_epochs: 1``
+    probes at every validation, whatever ``check_val_every_n_epoch`` is).
 
     Args:
         k: neighbours that vote.

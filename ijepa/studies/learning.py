@@ -2,8 +2,9 @@
 
 Every variant is ``configs/quickstart.yaml`` with overrides: ``plain`` undoes every lever
 (``configs/ablations/plain_ijepa.yaml``) and each ``+lever`` variant is plain with one lever
-switched on. ``+varcov`` (VICReg's variance-covariance terms on the context tokens) is the
-quickstart's own recipe (the same resolved config), so it is not run twice; ``+sigreg_tokens``
+switched on. ``+varcov_inorm`` (VICReg's variance-covariance terms on the context tokens with
+data2vec's instance-normed targets) is the image quickstart's own resolved config and ``+varcov``
+(the terms alone) the video quickstart's (``tests/test_configs.py`` checks both); ``+sigreg_tokens``
 is LeJEPA's SIGReg on the same tokens, ``+sigreg_proj`` sees them through an MLP projector, and
 ``+sigreg_half_proj`` measures half of the SIGReg term each way; ``+varcov_pooled`` and
 ``+varcov_both`` measure the variance-covariance terms on each image's mean context token
@@ -49,6 +50,12 @@ VARIANTS: dict[str, list[str]] = {
     "+varcov": [f"--config={PLAIN}", "--model.varcov_weight=0.04", "--model.varcov_input=tokens"],
     "+varcov_pooled": [f"--config={PLAIN}", "--model.varcov_weight=0.04", "--model.varcov_input=pooled"],
     "+varcov_both": [f"--config={PLAIN}", "--model.varcov_weight=0.04", "--model.varcov_input=both"],
+    "+varcov_inorm": [
+        f"--config={PLAIN}",
+        "--model.varcov_weight=0.04",
+        "--model.varcov_input=tokens",
+        "--model.target_norm=instance",
+    ],
     "+sigreg_proj": [
         f"--config={PLAIN}",
         "--model.sigreg_weight=0.05",
@@ -79,8 +86,8 @@ VARIANTS: dict[str, list[str]] = {
 DATA: dict[str, list[str]] = {
     "shapes": [],
     "shapes_sizes": ["--data.source.num_objects=[1,1]", "--data.source.radius=[0.08,0.3]"],
-    # 1,437 training images: 12 steps an epoch at batch 128; validate (and probe: the quickstart's
-    # probes run every 6th epoch) every 12 epochs.
+    # 1,437 training images: 12 steps an epoch at batch 128; validate (and so probe: the
+    # quickstart's probes run at every validation) every 12 epochs.
     "digits": [
         "--data.source=ijepa.data.ImageFolderSource",
         "--data.source.root={digits}",
