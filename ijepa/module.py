@@ -474,9 +474,10 @@ class IJEPA(L.LightningModule):
     def predict_packed(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A native-resolution batch (:class:`ijepa.data.native.PackedMaskCollator`) through both
         branches: ``predictions`` and ``targets`` ``[T, D]`` (every target token of every image,
-        targets normalised by ``target_norm``, without gradient), the context encoder's packed output ``context
-        [S, L, D]`` with ``context_mask`` (real slots) and ``context_pooled [B, D]`` (each image's
-        mean context token), and ``target_features [B, D]``, each image's mean target feature."""
+        targets normalised by ``target_norm``, without gradient), the context encoder's packed
+        output ``context [S, L, D]`` with ``context_mask`` (real slots) and ``context_pooled
+        [B, D]`` (each image's mean context token), and ``target_features [B, D]``, each image's
+        mean target feature."""
         if self.hparams.target_last_blocks != 1:
             raise ValueError("native-resolution batches take target_last_blocks=1 (the last block's output).")
         num_images = batch["labels"].size(0)
