@@ -9,7 +9,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ijepa.module import IJEPA
 from ijepa.regularizers import Projector, SIGReg, VarianceCovariance, epps_pulley_terms, random_directions
+
+# a one-block model whose step runs in milliseconds, for the regularisers inside IJEPA
+TINY_MODEL = dict(
+    image_size=32,
+    patch_size=8,
+    embed_dim=32,
+    depth=1,
+    num_heads=2,
+    predictor_embed_dim=16,
+    predictor_depth=1,
+    predictor_num_heads=2,
+)
 
 
 def test_sigreg_is_near_its_gaussian_expectation_for_gaussian_samples_at_any_batch_size():
@@ -150,20 +163,8 @@ def test_projector_rejects_empty_or_non_positive_widths(widths):
 
 
 def test_sigreg_behind_the_projector_trains_the_projector_and_the_encoder():
-    from ijepa.module import IJEPA
-
     torch.manual_seed(0)
-    tiny = dict(
-        image_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        predictor_embed_dim=16,
-        predictor_depth=1,
-        predictor_num_heads=2,
-        sigreg_weight=0.5,
-    )
+    tiny = dict(TINY_MODEL, sigreg_weight=0.5)
     model = IJEPA(**tiny, sigreg_projector=[64, 16])
     assert isinstance(model.sigreg_projector, Projector) and model.sigreg_projector[-1].out_features == 16
     assert IJEPA(**tiny).sigreg_projector is None
@@ -179,20 +180,7 @@ def test_sigreg_behind_the_projector_trains_the_projector_and_the_encoder():
 
 
 def test_projector_share_splits_the_statistic_between_projector_output_and_tokens():
-    from ijepa.module import IJEPA
-
-    tiny = dict(
-        image_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        predictor_embed_dim=16,
-        predictor_depth=1,
-        predictor_num_heads=2,
-        sigreg_weight=0.5,
-        sigreg_projector=[64, 32],
-    )
+    tiny = dict(TINY_MODEL, sigreg_weight=0.5, sigreg_projector=[64, 32])
     x = torch.randn(100, 32) * torch.linspace(0.1, 3.0, 32)  # far from isotropic
     torch.manual_seed(0)
     models = {share: IJEPA(**tiny, sigreg_projector_share=share).eval() for share in (0.0, 0.25, 1.0)}
@@ -277,19 +265,7 @@ def test_varcov_on_two_ranks_is_the_global_batch_value_and_gradient():
 def test_varcov_weight_adds_its_weighted_term_on_the_sampled_context_tokens():
     """``model.varcov_weight: v`` -> the loss is the plain loss plus ``v * varcov`` of the same
     sampled context tokens SIGReg would see; 0 builds no term; a negative weight is an error."""
-    from ijepa.module import IJEPA
-
-    tiny = dict(
-        image_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        predictor_embed_dim=16,
-        predictor_depth=1,
-        predictor_num_heads=2,
-        sigreg_tokens=16,
-    )
+    tiny = dict(TINY_MODEL, sigreg_tokens=16)
     torch.manual_seed(0)
     plain = IJEPA(**tiny)
     with_term = IJEPA(**tiny, varcov_weight=0.5)
@@ -315,19 +291,7 @@ def test_varcov_input_pooled_measures_each_images_mean_context_token_and_both_av
     """``model.varcov_input: pooled`` -> the term is measured on each image's mean context token
     ``[B, D]`` (C-JEPA's choice); ``both`` -> the mean of the tokens' and the pooled term; any other
     value is an error naming the parameter."""
-    from ijepa.module import IJEPA
-
-    tiny = dict(
-        image_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        predictor_embed_dim=16,
-        predictor_depth=1,
-        predictor_num_heads=2,
-        sigreg_tokens=16,
-    )
+    tiny = dict(TINY_MODEL, sigreg_tokens=16)
     torch.manual_seed(0)
     plain = IJEPA(**tiny)
     with_term = IJEPA(**tiny, varcov_weight=0.5, varcov_input=varcov_input)

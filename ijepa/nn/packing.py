@@ -162,10 +162,11 @@ def instance_norm_per_image(
     """Each feature normalised over its own image's slots, ``[S, L, D]`` -> ``[S, L, D]``
     (data2vec's instance norm of packed targets; padding slots come back as 0). An image split
     over several sequences is normalised as one image."""
-    mean = pooled_per_image(values.float(), image_ids, num_images)  # [n, D]
-    var = (pooled_per_image(values.float().square(), image_ids, num_images) - mean.square()).clamp_min(0)
+    x = values.float()
+    mean = pooled_per_image(x, image_ids, num_images)  # [n, D]
+    var = (pooled_per_image(x.square(), image_ids, num_images) - mean.square()).clamp_min(0)
     index = image_ids.clamp_min(0)
-    normed = (values.float() - mean[index]) * torch.rsqrt(var[index] + eps)
+    normed = (x - mean[index]) * torch.rsqrt(var[index] + eps)
     return torch.where((image_ids >= 0)[..., None], normed, 0.0).to(values.dtype)
 
 

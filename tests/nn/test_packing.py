@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ijepa.module import normalize_targets
 from ijepa.nn.packing import (
     PACKABLE_POSITIONS,
     Packed,
@@ -107,8 +108,6 @@ def test_an_image_larger_than_the_budget_is_an_error():
 def test_packed_instance_norm_equals_each_images_own_instance_norm():
     """data2vec's target norm on packed tokens: each feature normalised over its own image's
     tokens, the same as ``normalize_targets(..., "instance")`` on the image alone; padding is 0."""
-    from ijepa.module import normalize_targets
-
     packed, pictures, _ = packed_images(budget=40)
     values = torch.randn(*packed.image_ids.shape, 16, generator=torch.Generator().manual_seed(1)) * 3 + 2
     normed = instance_norm_per_image(values, packed.image_ids, len(pictures))
