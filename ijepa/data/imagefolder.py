@@ -1,11 +1,14 @@
 """An ``ImageFolder`` that reports unreadable files clearly instead of crashing in a worker, reads
 every image mode PIL opens as 8-bit RGB, numbers its classes by another split's index when told
-to, and also reads a folder of loose (unlabelled) images."""
+to, also reads a folder of loose (unlabelled) images, and never walks a folder twice through a
+directory link (a loop such as ``circle/loop -> ..``)."""
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +56,69 @@ def find_classes(directory: str | Path, class_to_idx: dict[str, int] | None = No
     return sorted(class_to_idx, key=class_to_idx.get), dict(class_to_idx)
 
 
+def class_files(directory: str | Path, class_folders: list[str], keep: Callable[[str], bool]) -> dict[str, list[str]]:
+    """The files that ``keep`` accepts under each of ``class_folders`` (sub-folders of
+    ``directory``), recursively, in torchvision's order (folders by path, files by name).
+
+    Directory links are followed (a class folder may link to data stored elsewhere), but no real
+    folder is read twice: a link is skipped when it leads back into ``directory`` (into its own
+    or another class folder, or above it, as ``circle/loop -> ..``), to a folder above the link,
+    or to a folder read already. A link loop made ``os.walk`` read the tree again at every
+    level, counting each image many times under the wrong class, or never end. The skipped links
+    are named in one warning.
+    """
+    real_root = os.path.realpath(directory)
+    folders = {name: os.path.join(directory, name) for name in class_folders}
+    folders = {name: folder for name, folder in folders.items() if os.path.isdir(folder)}
+    seen = {_identity(folder) for folder in folders.values()}  # each class folder is read as itself
+    skipped: list[str] = []
+    found = {name: [] for name in class_folders}
+    for name, class_folder in folders.items():
+        listed = []  # (folder, its files)
+        pending = [class_folder]
+        while pending:
+            folder = pending.pop()
+            real_folder = os.path.realpath(folder)
+            files = []
+            for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+                if not entry.is_dir():  # as os.walk: a broken link is a file, reported when read
+                    if keep(entry.path):
+                        files.append(entry.path)
+                    continue
+                target = os.path.realpath(entry.path)
+                identity = _identity(entry.path)
+                if identity in seen or (
+                    entry.is_symlink() and (_is_within(target, real_root) or _is_within(real_folder, target))
+                ):
+                    link = os.readlink(entry.path) if entry.is_symlink() else target  # as the user wrote it
+                    skipped.append(f"{os.path.relpath(entry.path, directory)} -> {link}")
+                    continue
+                seen.add(identity)
+                pending.append(entry.path)
+            listed.append((folder, files))
+        found[name] = [path for _, files in sorted(listed) for path in files]
+    if skipped:
+        shown = ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        warnings.warn(
+            f"not following {len(skipped)} directory link(s) under {directory} that lead back into it, to a "
+            f"folder above them, or to a folder read already, so that each file is read once, labelled by the "
+            f"class folder it is in (remove the links, or point them at folders outside {directory}, to silence "
+            f"this): {shown}",
+            stacklevel=2,
+        )
+    return found
+
+
+def _identity(path: str) -> tuple[int, int]:
+    """A folder's (device, inode): one key however many links or mounts lead to it."""
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino
+
+
+def _is_within(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder
+
+
 class RobustImageFolder(datasets.ImageFolder):
     """``torchvision.datasets.ImageFolder`` with a policy for corrupt or truncated image files.
 
@@ -93,12 +159,22 @@ class RobustImageFolder(datasets.ImageFolder):
     def make_dataset(
         directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False
     ) -> list[tuple[str, int]]:
-        """torchvision's ``(path, class index)`` samples, or, with no classes, the loose images
-        directly in ``directory``, labelled ``-1``."""
+        """torchvision's ``(path, class index)`` samples, walked by :func:`class_files` (no folder
+        read twice through a link), or, with no classes, the loose images directly in
+        ``directory``, labelled ``-1``."""
+        if (extensions is None) == (is_valid_file is None):
+            raise ValueError("make_dataset needs either extensions or is_valid_file, not both or neither.")
+        valid = is_valid_file or (lambda name: datasets.folder.has_file_allowed_extension(name, extensions))
         if class_to_idx:
-            samples = datasets.folder.make_dataset(directory, class_to_idx, extensions, is_valid_file, allow_empty)
+            found = class_files(directory, sorted(class_to_idx), valid)
+            samples = [(path, class_to_idx[name]) for name, paths in found.items() for path in paths]
+            empty = sorted(name for name, paths in found.items() if not paths)
+            if empty and not allow_empty:
+                raise FileNotFoundError(
+                    f"Found no valid file for the classes {', '.join(empty)}. "
+                    f"Supported extensions are: {', '.join(extensions or ())}"
+                )
         else:  # no class folders: the image files directly in the folder, unlabelled
-            valid = is_valid_file or (lambda name: datasets.folder.has_file_allowed_extension(name, extensions))
             samples = [
                 (entry.path, UNLABELLED)
                 for entry in sorted(os.scandir(directory), key=lambda e: e.name)
@@ -118,8 +194,14 @@ class RobustImageFolder(datasets.ImageFolder):
             except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as error:
                 path = self.samples[position][0]
                 if self.bad_images == "error":
+                    action = (
+                        "remove or downscale it (a trusted file can be read by raising PIL.Image.MAX_IMAGE_PIXELS "
+                        "in Python before training)"
+                        if isinstance(error, ImageTooLarge)
+                        else "remove it"
+                    )
                     raise ValueError(
-                        f"unreadable image {path} ({type(error).__name__}: {error}); remove it, or set "
+                        f"unreadable image {path} ({type(error).__name__}: {error}); {action}, or set "
                         f"data.source.bad_images=skip to skip unreadable files with a warning."
                     ) from error
                 if path not in self.skipped:
@@ -130,12 +212,28 @@ class RobustImageFolder(datasets.ImageFolder):
         raise ValueError(f"no readable image under {Path(self.root)}.")
 
 
+class ImageTooLarge(ValueError):
+    """An image of more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``, PIL's guard against
+    decompression bombs (a small file that decodes to gigabytes)."""
+
+
 def load_rgb(path: str) -> Image.Image:
-    """The image at ``path`` as 8-bit RGB (see :func:`to_rgb`)."""
+    """The image at ``path`` as 8-bit RGB (see :func:`to_rgb`); :class:`ImageTooLarge` for one
+    of more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``."""
     # Decode fully here (not lazily in a transform) so a truncated file fails in the caller's try block.
     with open(path, "rb") as f:
-        image = Image.open(f)
-        image.load()
+        try:
+            # PIL only warns up to twice its limit and decodes anyway; one limit, refused alike.
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                image = Image.open(f)
+                image.load()  # some formats (GIF, TIFF frames) check sizes only here
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+            pixels = re.search(r"\((\d+) pixels\)", str(error))
+            raise ImageTooLarge(
+                f"{int(pixels[1]) if pixels else 'too many'} pixels, more than PIL.Image.MAX_IMAGE_PIXELS="
+                f"{Image.MAX_IMAGE_PIXELS}, PIL's guard against decompression bombs"
+            ) from error
         return to_rgb(image, path)
 
 

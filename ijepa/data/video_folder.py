@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from ijepa.data.imagefolder import UNLABELLED, find_classes
+from ijepa.data.imagefolder import UNLABELLED, class_files, find_classes
 
 VIDEO_EXTENSIONS: tuple[str, ...] = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
 CLIP_STARTS: tuple[str, ...] = ("random", "center")
@@ -44,16 +44,14 @@ def find_videos(
     """``(path, class index)`` of every video under ``root/<class>/`` (sorted), the class names and
     their indices. The classes are :func:`ijepa.data.imagefolder.find_classes`': the sub-folders,
     or the training split's ``class_to_idx`` when given, so that every split numbers a class alike.
-    A folder without class sub-folders holds loose, unlabelled videos (label ``-1``)."""
+    A folder without class sub-folders holds loose, unlabelled videos (label ``-1``). Class
+    folders are walked by :func:`ijepa.data.imagefolder.class_files`: directory links are
+    followed, but never into a loop or to a folder read already."""
     root = Path(root)
     classes, class_to_idx = find_classes(root, class_to_idx) if root.is_dir() else ([], {})
     if class_to_idx:
-        samples = [
-            (path, class_to_idx[name])
-            for name in classes
-            for path in sorted((root / name).rglob("*"))
-            if path.suffix.lower() in VIDEO_EXTENSIONS
-        ]
+        found = class_files(root, classes, lambda path: Path(path).suffix.lower() in VIDEO_EXTENSIONS)
+        samples = [(path, class_to_idx[name]) for name in classes for path in sorted(map(Path, found[name]))]
     else:  # no class folders: the videos directly in root
         samples = [
             (path, UNLABELLED)

@@ -1,11 +1,18 @@
 """Data faults from the CLI fault sweep: one class index for every split, every PIL image
-mode read as 8-bit RGB, unlabelled folders, and a batch larger than the data. The CLI tests run
-``ijepa fit`` in-process for a few steps of a tiny model."""
+mode read as 8-bit RGB, unlabelled folders, a batch larger than the data, folders with link
+loops, and images too large to decode. The CLI tests run ``ijepa fit`` in-process for a few
+steps of a tiny model."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
+import signal
+import struct
+import time
 import warnings
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
@@ -20,6 +27,7 @@ from ijepa.cli import build_cli
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.imagefolder import RobustImageFolder, load_rgb, to_rgb
 from ijepa.data.sources import ImageFolderSource, ShapesSource, VideoFolderSource
+from ijepa.data.video_folder import find_videos
 
 TINY = TINY_CONFIG
 PROBES = [
@@ -385,3 +393,183 @@ def test_batch_size_is_checked_against_each_devices_share():
     data.hparams.batch_size = 11
     data.setup("fit")
     data.setup("validate")  # only fit trains
+
+
+# --- 5. folders that cannot loop ----------------------------------------------------------------
+LINK_WARNING = "not following"
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Fail with ``TimeoutError`` after ``seconds`` (where SIGALRM exists), so that a walk that
+    would never end fails the test instead of hanging the suite."""
+    if not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(*_):
+        raise TimeoutError(f"still walking the folder after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def folder_data(root: Path, **source) -> IJEPADataModule:
+    return IJEPADataModule(
+        source=ImageFolderSource(root=str(root), **source),
+        image_size=32,
+        patch_size=8,
+        batch_size=4,
+        num_workers=0,
+        crop_scale=None,
+    )
+
+
+def every_sample(data: IJEPADataModule) -> list[tuple[str, int]]:
+    """The ``(path, label)`` of every image the fit splits hold (pretrain and held out)."""
+    pretrain, held_out = data.split("pretrain"), data.split("knn_test")
+    return [pretrain.dataset.samples[i] for i in pretrain.indices] + [
+        held_out.dataset.samples[i] for i in held_out.indices
+    ]
+
+
+def test_symlink_loops_in_an_image_folder_give_each_image_once_with_its_class_and_a_warning(tmp_path):
+    """``circle/loop -> ..`` turned 40 images into 18,040 samples, 91% mislabelled; with a second
+    loop per level the walk never ended."""
+    root = tmp_path / "data"
+    write_images(root / "circle", 12, (220, 20, 0))
+    write_images(root / "circle" / "more", 8, (220, 20, 0))
+    write_images(root / "square", 20, (0, 20, 220))
+    loops = {
+        "circle/loop": "..",
+        "circle/again": ".",
+        "circle/more/up": "../..",
+        "circle/more/back": "..",
+        "square/loop": "..",
+        "square/self": ".",
+    }
+    for link, target in loops.items():
+        os.symlink(target, root / link, target_is_directory=True)
+    start = time.perf_counter()
+    with deadline(30), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = folder_data(root)
+        data.setup("fit")
+    assert time.perf_counter() - start < 10
+    samples = every_sample(data)
+    assert len(samples) == 40 and len({path for path, _ in samples}) == 40
+    index = data.split("pretrain").dataset.class_to_idx
+    assert index == {"circle": 0, "square": 1}
+    assert all(label == index[Path(path).relative_to(root).parts[0]] for path, label in samples)
+    assert all(Path(path).resolve() == Path(path) for path, _ in samples)  # never read through a link
+    messages = [str(w.message) for w in caught if LINK_WARNING in str(w.message)]
+    assert messages, [str(w.message) for w in caught]
+    assert messages[0].startswith(f"not following 6 directory link(s) under {root}"), messages[0]
+    for link, target in loops.items():
+        assert f"{link} -> {target}" in messages[0], messages[0]
+
+
+def test_a_directory_link_to_a_folder_outside_the_root_is_read_once(tmp_path):
+    root, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    write_images(root / "circle", 10, (220, 20, 0))
+    write_images(root / "square", 10, (0, 20, 220))
+    write_images(elsewhere / "circles", 10, (220, 20, 0))
+    os.symlink(elsewhere / "circles", root / "circle" / "stored", target_is_directory=True)
+    os.symlink(elsewhere / "circles", root / "circle" / "stored_again", target_is_directory=True)
+    os.symlink("..", elsewhere / "circles" / "up", target_is_directory=True)  # a loop outside the root
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = folder_data(root)
+        data.setup("fit")
+    samples = every_sample(data)
+    assert len(samples) == 30 and len({path for path, _ in samples}) == 30
+    linked = sorted(path for path, _ in samples if "stored" in path)
+    assert linked == [str(root / "circle" / "stored" / f"img_{i:02d}.png") for i in range(10)]
+    assert {label for path, label in samples if "circle" in path} == {0}
+    messages = [str(w.message) for w in caught if LINK_WARNING in str(w.message)]
+    assert messages and f"circle/stored_again -> {elsewhere / 'circles'}" in messages[0], messages
+    assert "circle/stored/up -> .." in messages[0], messages
+
+
+def test_symlink_loops_in_a_video_folder_give_each_video_once(tmp_path):
+    pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extra")
+    from test_video_data import write_video
+
+    root, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        write_video(root / name / "0.mp4", 4, 10, size=16)
+        os.symlink("..", root / name / "loop", target_is_directory=True)
+        os.symlink(".", root / name / "self", target_is_directory=True)
+    elsewhere.mkdir()
+    write_video(elsewhere / "1.mp4", 4, 10, size=16)
+    os.symlink(elsewhere, root / "b" / "stored", target_is_directory=True)
+    with deadline(30), pytest.warns(UserWarning, match=rf"not following 4 directory link\(s\) under {root}"):
+        samples, _, _ = find_videos(root)
+    assert samples == [(root / "a" / "0.mp4", 0), (root / "b" / "0.mp4", 1), (root / "b" / "stored" / "1.mp4", 1)]
+
+
+# --- 6. images too large to decode ------------------------------------------------------------------
+def declare_size(path: Path, width: int, height: int) -> None:
+    """Rewrite the PNG at ``path`` to declare ``width x height`` in its header (a decompression
+    bomb as PIL sees it: the size is read before any pixel)."""
+    data = bytearray(path.read_bytes())
+    data[16:24] = struct.pack(">II", width, height)  # IHDR's data starts after the 8-byte signature, length, type
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    path.write_bytes(bytes(data))
+
+
+def bomb_folder(root: Path, kind: str, monkeypatch) -> tuple[Path, int, int]:
+    """Two classes of 40x40 images, one of which PIL refuses as too large: its header declares
+    100,000 x 100,000 pixels (``kind="header"``, past twice PIL's limit, where PIL raises), or it
+    is 64x64 against a limit lowered to 3,000 pixels (``kind="limit"``, between the limit and twice
+    it, where PIL only warns and decodes). Returns the image, its pixels and the limit."""
+    write_images(root / "circle", 8, (220, 20, 0))
+    write_images(root / "square", 8, (0, 20, 220))
+    bomb = root / "square" / "img_03.png"
+    if kind == "header":
+        declare_size(bomb, 100_000, 100_000)
+        return bomb, 100_000 * 100_000, Image.MAX_IMAGE_PIXELS
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3_000)
+    Image.new("RGB", (64, 64), (0, 20, 220)).save(bomb)
+    return bomb, 64 * 64, 3_000
+
+
+def read_everything(data: IJEPADataModule) -> dict[str, int]:
+    """The images each loader of a fit gives, by split: every image is read by one of them."""
+    loaders = {"pretrain": data.train_dataloader, "knn_train": data.knn_train_dataloader}
+    loaders["knn_test"] = data.knn_test_dataloader
+    return {name: sum(batch["images"].size(0) for batch in loader()) for name, loader in loaders.items()}
+
+
+@pytest.mark.parametrize("kind", ["header", "limit"])
+def test_an_image_too_large_to_decode_is_an_error_naming_file_pixels_and_limit(tmp_path, kind, monkeypatch):
+    """A header-declared bomb ended in PIL's bare DecompressionBombError; one just over the limit
+    was decoded without a word."""
+    bomb, pixels, limit = bomb_folder(tmp_path, kind, monkeypatch)
+    data = folder_data(tmp_path)
+    data.setup("fit")
+    with pytest.raises(ValueError) as raised:
+        read_everything(data)
+    first_line = str(raised.value).splitlines()[0]
+    assert first_line.startswith(
+        f"unreadable image {bomb} (ImageTooLarge: {pixels} pixels, more than PIL.Image.MAX_IMAGE_PIXELS={limit}"
+    ), first_line
+    assert "remove or downscale it" in first_line and "data.source.bad_images=skip" in first_line
+
+
+@pytest.mark.parametrize("kind", ["header", "limit"])
+def test_an_image_too_large_to_decode_is_skipped_and_counted_under_skip(tmp_path, kind, monkeypatch):
+    bomb, pixels, _ = bomb_folder(tmp_path, kind, monkeypatch)
+    data = folder_data(tmp_path, bad_images="skip")
+    data.setup("fit")
+    with pytest.warns(UserWarning, match=rf"skipping unreadable image {bomb} \({pixels} pixels"):
+        read = read_everything(data)
+    # a skipped image is replaced by the next readable one: no batch comes up short
+    assert read["knn_train"] == len(data.split("knn_train")) and read["knn_test"] == len(data.split("knn_test"))
+    assert data.split("knn_train").dataset.skipped == {str(bomb)}
