@@ -1,14 +1,17 @@
 """Official I-JEPA checkpoints in and out, and the trained encoder in plain PyTorch."""
 
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
 import torch
-from conftest import TINY_CONFIG, TINY_MODEL
+from conftest import ROOT, TINY_CONFIG, TINY_MODEL
 
 from ijepa.cli import IJEPACLI, main
 from ijepa.data import IJEPADataModule
 from ijepa.interop import load_encoder, load_official, official_to_state_dict, save_lightning_checkpoint, to_official
+from ijepa.interop.official import NETWORKS, RESUME_ENTRIES
 from ijepa.module import IJEPA
 
 MODEL = {**TINY_MODEL, "pos_embed": "sincos", "predictor_pos_embed": "sincos", "predictor_mode": "per_block"}
@@ -32,27 +35,91 @@ def inputs(model: IJEPA):
     return images, context, targets
 
 
-def test_official_round_trip_is_lossless_for_every_key():
+@pytest.mark.parametrize("module_prefix", [True, False])
+def test_official_round_trip_is_lossless_for_every_key(module_prefix):
     model = trained_like()
-    official = to_official(model)
-    assert set(official) == {"encoder", "predictor", "target_encoder"}
-    assert "pos_embed" in official["encoder"] and "predictor_pos_embed" in official["predictor"]
-    assert (
-        "blocks.0.attn.qkv.weight" in official["encoder"] and "predictor_blocks.0.mlp.fc2.bias" in official["predictor"]
-    )
-    again = to_official(load_official(official, MODEL["num_heads"], MODEL["predictor_num_heads"]))
-    for network in official:
+    official = to_official(model, module_prefix)
+    assert set(official) == set(NETWORKS) | set(RESUME_ENTRIES)
+    prefix = "module." if module_prefix else ""
+    assert f"{prefix}pos_embed" in official["encoder"] and f"{prefix}predictor_pos_embed" in official["predictor"]
+    assert f"{prefix}blocks.0.attn.qkv.weight" in official["encoder"]
+    assert f"{prefix}predictor_blocks.0.mlp.fc2.bias" in official["predictor"]
+    again = to_official(load_official(official, MODEL["num_heads"], MODEL["predictor_num_heads"]), module_prefix)
+    for network in NETWORKS:
         assert set(again[network]) == set(official[network]), network
         for key, value in official[network].items():
             assert torch.equal(again[network][key], value), (network, key)
 
 
+class DistributedDataParallel(torch.nn.Module):
+    """What the official train.py wraps each network in when world_size > 1: keys gain `module.`."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+
+def official_network(state: dict) -> torch.nn.Module:
+    """A module with the official network's parameter names and shapes (all of its entries are
+    parameters: pos_embed and mask_token too), as the official ViT builds them."""
+    root = torch.nn.Module()
+    for key, value in state.items():
+        *path, name = key.removeprefix("module.").split(".")
+        module = root
+        for part in path:
+            if part not in module._modules:
+                module.add_module(part, torch.nn.Module())
+            module = module._modules[part]
+        module.register_parameter(name, torch.nn.Parameter(torch.zeros_like(value)))
+    return root
+
+
+def official_resume(checkpoint: dict, distributed: bool) -> int:
+    """The official src/helper.py load_checkpoint's reads, each strict, in its order; returns the
+    epoch it resumes at. It catches every exception and restarts at epoch 0 from random weights,
+    so here any missing entry or mismatched key is an error instead."""
+    epoch = checkpoint["epoch"]
+    networks = {name: official_network(checkpoint[name]) for name in NETWORKS}
+
+    def params(network, decay):  # the official init_opt's four groups
+        return [p for n, p in network.named_parameters() if (("bias" not in n) and len(p.shape) != 1) == decay]
+
+    encoder, predictor = networks["encoder"], networks["predictor"]
+    opt = torch.optim.AdamW(
+        [
+            {"params": params(encoder, True)},
+            {"params": params(predictor, True)},
+            {"params": params(encoder, False), "WD_exclude": True, "weight_decay": 0},
+            {"params": params(predictor, False), "WD_exclude": True, "weight_decay": 0},
+        ]
+    )
+    for name, network in networks.items():
+        wrapped = DistributedDataParallel(network) if distributed else network
+        wrapped.load_state_dict(checkpoint[name])  # strict, as the official call
+        for key, value in checkpoint[name].items():
+            assert torch.equal(wrapped.state_dict()[key], value), (name, key)
+    opt.load_state_dict(checkpoint["opt"])
+    torch.amp.GradScaler("cpu").load_state_dict(checkpoint["scaler"])  # bfloat16 runs
+    for group in opt.param_groups:  # the loaded optimizer steps
+        for p in group["params"]:
+            p.grad = torch.ones_like(p)
+    opt.step()
+    assert opt.param_groups[2]["WD_exclude"] and opt.param_groups[2]["weight_decay"] == 0
+    return epoch
+
+
+def test_ijepa_convert_official_writes_a_file_the_official_train_script_resumes_from(tmp_path):
+    ckpt = save_lightning_checkpoint(trained_like(), tmp_path / "run.ckpt")
+    main(["convert", str(ckpt), str(tmp_path / "ddp.pth.tar"), "official"])
+    main(["convert", str(ckpt), str(tmp_path / "one.pth.tar"), "official", "--module_prefix", "false"])
+    assert official_resume(torch.load(tmp_path / "ddp.pth.tar", weights_only=True), distributed=True) == 0
+    assert official_resume(torch.load(tmp_path / "one.pth.tar", weights_only=True), distributed=False) == 0
+
+
 def test_a_loaded_official_checkpoint_reproduces_encoder_and_predictor_outputs():
     model = trained_like()
-    official = to_official(model)
-    # as the official training script writes it: DDP's module. prefix, optimizer and epoch entries
-    official = {name: {f"module.{k}": v for k, v in part.items()} for name, part in official.items()}
-    official.update(opt={}, epoch=3, loss=0.1)
+    official = to_official(model)  # as the official training script writes it: module. prefix, opt, epoch
+    official.update(epoch=3, loss=0.1)
     loaded = load_official(official, MODEL["num_heads"], MODEL["predictor_num_heads"]).eval()
     images, context, targets = inputs(model)
     with torch.no_grad():
@@ -74,7 +141,7 @@ def test_unmapped_keys_are_listed_and_nothing_is_loaded():
 
 
 def test_a_pos_embed_that_is_not_the_sincos_table_is_an_error_not_replaced():
-    official = to_official(trained_like())
+    official = to_official(trained_like(), module_prefix=False)
     official["encoder"]["pos_embed"] = official["encoder"]["pos_embed"].flip(-1)  # row/col halves swapped
     with pytest.raises(ValueError, match="encoder.pos_embed is not the 2D sin-cos table"):
         official_to_state_dict(official)
@@ -132,6 +199,55 @@ def test_ijepa_fit_continues_pretraining_from_an_official_checkpoint(tmp_path):
         cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
     fitted = cli.trainer.lightning_module.state_dict()
     # one optimizer step (and one EMA step) away from the official target encoder's weights
-    start = official["target_encoder"]["blocks.0.attn.qkv.weight"]
+    start = official["target_encoder"]["module.blocks.0.attn.qkv.weight"]
     assert (fitted["target_encoder.transformer.blocks.0.attn.qkv.weight"] - start).abs().max() < 1e-2
     assert cli.trainer.global_step == 1
+
+
+def test_load_encoder_and_the_exporters_import_neither_lightning_nor_transformers():
+    heavy = ("lightning", "lightning.pytorch", "pytorch_lightning", "transformers", "timm")
+    code = (
+        "import sys\n"
+        "from ijepa.interop import load_encoder, save_hf, save_timm, encoder_to_hf, encoder_to_timm, to_official\n"
+        f"print([name for name in {heavy!r} if name in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_loaded_encoder_exports_with_torch_export_and_computes_what_it_computes_eagerly(tmp_path):
+    model = trained_like()
+    encoder = load_encoder(save_lightning_checkpoint(model, tmp_path / "run.ckpt"))
+    images = inputs(model)[0]
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(encoder, (images,), dynamic_shapes=({0: batch},))
+    more = torch.cat([images, images.flip(0), images])  # another batch size
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(more), encoder(more))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"num_frames": 4, "pos_embed": "sincos_3d", "predictor_pos_embed": "sincos_3d"}],
+    ids=["image", "clip"],
+)
+def test_load_encoder_builds_the_encoder_ijepa_builds(tmp_path, options):
+    torch.manual_seed(0)
+    model = IJEPA(**{**MODEL, **options}).eval()
+    path = save_lightning_checkpoint(model, tmp_path / "run.ckpt")
+    for which, network in (("target", model.target_encoder), ("online", model.encoder)):
+        loaded = load_encoder(path, which)
+        assert type(loaded) is type(network) and repr(loaded) == repr(network)
+        assert all(torch.equal(loaded.state_dict()[k], v) for k, v in network.state_dict().items())
+
+
+def test_fit_refuses_a_weights_only_conversion_as_ckpt_path_and_names_init_checkpoint(tmp_path):
+    ckpt = save_lightning_checkpoint(trained_like(), tmp_path / "run.ckpt")
+    main(["convert", str(ckpt), str(tmp_path / "weights.ckpt"), "ckpt"])
+    args = ["fit", "--config", str(TINY_CONFIG), f"--ckpt_path={tmp_path / 'weights.ckpt'}"]
+    args += [f"--trainer.default_root_dir={tmp_path}"]
+    with mock.patch("sys.argv", ["ijepa"]), pytest.raises(ValueError) as error:
+        IJEPACLI(IJEPA, IJEPADataModule, args=args)
+    first = str(error.value).splitlines()[0]
+    assert f"ckpt_path='{tmp_path / 'weights.ckpt'}' is a weights-only conversion" in first
+    assert "PositionEmbeddingInterpolation callback's init_checkpoint" in first

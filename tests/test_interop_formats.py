@@ -4,6 +4,8 @@ transformers and timm are test dependencies (the dev extra): these tests import 
 do not skip."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import timm
@@ -121,7 +123,7 @@ def test_our_encoder_exported_to_hf_gives_the_same_outputs_there(tmp_path, pos_e
         again = load_hf(tmp_path)  # and back into ours
         torch.testing.assert_close(again(x), encoder(x), rtol=1e-5, atol=1e-5)
     processor = json.loads((tmp_path / "preprocessor_config.json").read_text())
-    assert processor["size"] == {"height": 32, "width": 32}
+    assert processor["size"] == {"shortest_edge": 32} and processor["crop_size"] == {"height": 32, "width": 32}
 
 
 @pytest.mark.parametrize("pos_embed", EXPORTABLE)
@@ -228,12 +230,14 @@ def test_ijepa_convert_writes_each_format_from_a_fit_checkpoint(tmp_path, capsys
     with torch.no_grad():
         torch.testing.assert_close(hf(pixel_values=x).last_hidden_state, model.target_encoder(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(vit(x), model.encoder.pooled_features(x), rtol=1e-5, atol=1e-5)
-    for network, part in to_official(model).items():
-        assert all(torch.equal(official[network][k], v) for k, v in part.items()), network
+    expected = to_official(model)
+    for network in ("encoder", "predictor", "target_encoder"):
+        assert all(torch.equal(official[network][k], v) for k, v in expected[network].items()), network
 
     # and back: official -> ckpt needs the head counts; hf -> ckpt gets a fresh predictor
-    with pytest.raises(ValueError, match="needs --num_heads and --predictor_num_heads"):
+    with pytest.raises(SystemExit):
         main(["convert", str(tmp_path / "official.pth.tar"), str(tmp_path / "o.ckpt"), "ckpt"])
+    assert "needs --num_heads and --predictor_num_heads" in capsys.readouterr().err
     heads = ["--num_heads", str(TINY_MODEL["num_heads"]), "--predictor_num_heads", "2"]
     main(["convert", str(tmp_path / "official.pth.tar"), str(tmp_path / "o.ckpt"), "ckpt", *heads])
     main(["convert", str(tmp_path / "hf"), str(tmp_path / "h.ckpt"), "ckpt", "--predictor_num_heads", "2"])
@@ -242,9 +246,121 @@ def test_ijepa_convert_writes_each_format_from_a_fit_checkpoint(tmp_path, capsys
         torch.testing.assert_close(load_encoder(tmp_path / "h.ckpt", "online")(x), model.target_encoder(x))
 
 
-def test_ijepa_convert_names_what_it_cannot_read(tmp_path):
-    torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match="neither an ijepa Lightning checkpoint .* nor an official"):
-        main(["convert", str(tmp_path / "other.pt"), str(tmp_path / "out"), "hf"])
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        main(["convert", str(tmp_path / "missing.ckpt"), str(tmp_path / "out"), "hf"])
+def convert_error(capsys, *args: str) -> str:
+    """The one line ``ijepa convert`` prints on stderr before exiting with status 2."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        main(["convert", *map(str, args)])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+@pytest.fixture
+def fit_checkpoint(tmp_path):
+    model = IJEPA(
+        **{**TINY_MODEL, "pos_embed": "sincos", "predictor_pos_embed": "sincos", "predictor_mode": "per_block"}
+    )
+    return save_lightning_checkpoint(model.eval(), tmp_path / "run.ckpt")
+
+
+def test_ijepa_convert_refuses_an_existing_destination_of_every_format_unless_overwrite(
+    tmp_path, capsys, fit_checkpoint
+):
+    for to, name in (("ckpt", "w.ckpt"), ("official", "o.pth.tar"), ("hf", "hf"), ("timm", "timm")):
+        destination = tmp_path / name
+        main(["convert", str(fit_checkpoint), str(destination), to])
+        written = sorted((p.name, p.stat().st_mtime_ns) for p in [destination, *destination.glob("*")])
+        err = convert_error(capsys, fit_checkpoint, destination, to)
+        assert err == f"ijepa convert: error: destination {destination} exists; pass --overwrite to replace it."
+        assert sorted((p.name, p.stat().st_mtime_ns) for p in [destination, *destination.glob("*")]) == written
+        main(["convert", str(fit_checkpoint), str(destination), to, "--overwrite", "true"])
+    # a file where a folder is written (or the reverse) is refused even with --overwrite
+    err = convert_error(capsys, fit_checkpoint, tmp_path / "w.ckpt", "hf", "--overwrite", "true")
+    assert f"destination {tmp_path / 'w.ckpt'} is a file; hf writes a folder" in err
+    err = convert_error(capsys, fit_checkpoint, tmp_path / "hf", "official", "--overwrite", "true")
+    assert f"destination {tmp_path / 'hf'} is a folder; official writes a file" in err
+
+
+def test_ijepa_convert_never_writes_onto_its_source_even_with_overwrite(tmp_path, capsys, fit_checkpoint):
+    original = fit_checkpoint.read_bytes()
+    link, hard = tmp_path / "link.ckpt", tmp_path / "hard.ckpt"
+    link.symlink_to(fit_checkpoint)
+    os.link(fit_checkpoint, hard)
+    main(["convert", str(fit_checkpoint), str(tmp_path / "hf"), "hf"])
+    for source, destination, to in (
+        (fit_checkpoint, fit_checkpoint, "ckpt"),
+        (fit_checkpoint, link, "ckpt"),
+        (link, hard, "official"),
+        (tmp_path / "hf", tmp_path / "hf", "hf"),
+    ):
+        for overwrite in ("false", "true"):
+            err = convert_error(capsys, source, destination, to, "--overwrite", overwrite)
+            assert f"destination {destination} is the source {source}" in err
+    assert fit_checkpoint.read_bytes() == original
+
+
+def test_ijepa_convert_names_each_unreadable_source_in_one_line(tmp_path, capsys, fit_checkpoint):
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(fit_checkpoint.read_bytes()[: fit_checkpoint.stat().st_size // 2])
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    empty = tmp_path / "empty.pth.tar"
+    empty.write_bytes(b"")
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(1)}, other)
+    for source in (truncated, picture, empty):
+        err = convert_error(capsys, source, tmp_path / "out", "hf")
+        assert err.startswith(f"ijepa convert: error: {source} is not a readable PyTorch checkpoint"), err
+    err = convert_error(capsys, other, tmp_path / "out", "hf")
+    assert f"{other} is neither an ijepa Lightning checkpoint" in err and "nor an official" in err
+    err = convert_error(capsys, tmp_path / "missing.ckpt", tmp_path / "out", "hf")
+    assert "does not exist" in err and "missing.ckpt" in err
+
+    def hf_folder(name: str) -> Path:
+        folder = tmp_path / name
+        save_hf(trained_encoder("learned"), folder)
+        return folder
+
+    not_json = hf_folder("not_json")
+    (not_json / "config.json").write_text("{hidden_size: 32")
+    no_weights = hf_folder("no_weights")
+    (no_weights / "model.safetensors").unlink()
+    bad_weights = hf_folder("bad_weights")
+    (bad_weights / "model.safetensors").write_bytes(b"not safetensors")
+    no_sizes = hf_folder("no_sizes")
+    (no_sizes / "config.json").write_text(json.dumps({"model_type": "ijepa"}))
+    for source, expected in (
+        (not_json, f"{not_json / 'config.json'} is not JSON"),
+        (no_weights, f"{no_weights} holds no model.safetensors"),
+        (bad_weights, f"{bad_weights / 'model.safetensors'} is not a readable safetensors file"),
+        (no_sizes, f"{no_sizes / 'config.json'} lacks ['hidden_size'"),
+        (tmp_path, f"{tmp_path} is a folder without config.json"),
+    ):
+        assert expected in convert_error(capsys, source, tmp_path / "out.ckpt", "ckpt"), expected
+
+
+def test_the_hf_preprocessor_is_the_evaluation_transform(tmp_path, fit_checkpoint):
+    from PIL import Image
+    from torchvision.transforms import v2
+    from transformers import AutoImageProcessor
+
+    from ijepa.data import IJEPADataModule
+
+    main(["convert", str(fit_checkpoint), str(tmp_path / "hf"), "hf"])
+    size = TINY_MODEL["image_size"]
+    steps = {type(step): step for step in IJEPADataModule(image_size=size).eval_transform().transforms}
+    resize, crop, normalize = steps[v2.Resize], steps[v2.CenterCrop], steps[v2.Normalize]
+    written = json.loads((tmp_path / "hf" / "preprocessor_config.json").read_text())
+    assert written["size"] == {"shortest_edge": resize.size[0]} and written["do_center_crop"]
+    assert written["crop_size"] == {"height": crop.size[0], "width": crop.size[1]}
+    assert written["resample"] == 2 and v2.InterpolationMode(resize.interpolation) == v2.InterpolationMode.BILINEAR
+    assert (written["image_mean"], written["image_std"]) == (list(normalize.mean), list(normalize.std))
+    # a 32 x 48 picture: resized (to itself) and centre-cropped by both, where squashing would not crop
+    pixels = torch.randint(0, 256, (size, size * 3 // 2, 3), dtype=torch.uint8, generator=torch.Generator())
+    picture = Image.fromarray(pixels.numpy())
+    processor = AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    ours = IJEPADataModule(image_size=size).eval_transform()(picture)
+    theirs = processor(images=picture, return_tensors="pt")["pixel_values"][0]
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)

@@ -1,17 +1,38 @@
 """Data: the DataModule, the data sources it reads (chosen by ``class_path``), and the datasets."""
 
-from ijepa.data.datamodule import IJEPADataModule, labeled_collate
-from ijepa.data.sources import (
-    DataSource,
-    ImageFolderSource,
-    MovingShapesSource,
-    ShapesSource,
-    Splits,
-    SplitSettings,
-    STL10Source,
-    VideoFolderSource,
-    source_from_config,
-)
+import importlib
+
+# Names load their module on first use, so that `ijepa.data.transforms` (pixel statistics, used by
+# the exporters of ijepa.interop) does not import Lightning and torchvision with the DataModule.
+_MODULES = {
+    "IJEPADataModule": "datamodule",
+    "labeled_collate": "datamodule",
+    **dict.fromkeys(
+        (
+            "DataSource",
+            "ImageFolderSource",
+            "MovingShapesSource",
+            "ShapesSource",
+            "Splits",
+            "SplitSettings",
+            "STL10Source",
+            "VideoFolderSource",
+            "source_from_config",
+        ),
+        "sources",
+    ),
+}
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULES))
+
 
 __all__ = [
     "DataSource",

@@ -5,41 +5,43 @@ Every conversion is total: a key it cannot map is an error that lists the keys, 
 load, and anything a format cannot express (a position encoding that is not a table, clips) is
 refused with a message saying what. Neither transformers nor timm is imported: the files they
 read are written directly (safetensors and JSON).
+
+Each name loads its module on first use. ``load_encoder`` and the exporters (``save_hf``,
+``save_timm``, ``to_official`` ...) import no Lightning (nor transformers, which Lightning
+pulls in); only what builds an ``IJEPA`` does (``load_official``, ``ijepa_from_encoder``,
+``save_lightning_checkpoint``, in :mod:`ijepa.interop.ijepa_model`).
 """
 
-from ijepa.interop.encoder import (
-    ijepa_from_encoder,
-    image_encoder,
-    load_encoder,
-    position_table,
-    save_lightning_checkpoint,
-)
-from ijepa.interop.huggingface import encoder_to_hf, load_hf, save_hf, to_hub_layout
-from ijepa.interop.official import (
-    check_sincos_table,
-    load_official,
-    official_to_state_dict,
-    strip_module_prefix,
-    to_official,
-)
-from ijepa.interop.timm_vit import encoder_to_timm, save_timm, timm_model_args
+import importlib
 
-__all__ = [
-    "check_sincos_table",
-    "encoder_to_hf",
-    "encoder_to_timm",
-    "ijepa_from_encoder",
-    "image_encoder",
-    "load_encoder",
-    "load_hf",
-    "load_official",
-    "official_to_state_dict",
-    "position_table",
-    "save_hf",
-    "save_lightning_checkpoint",
-    "save_timm",
-    "strip_module_prefix",
-    "timm_model_args",
-    "to_hub_layout",
-    "to_official",
-]
+_MODULES = {
+    "ijepa_from_encoder": "ijepa_model",
+    "load_official": "ijepa_model",
+    "save_lightning_checkpoint": "ijepa_model",
+    "image_encoder": "encoder",
+    "load_encoder": "encoder",
+    "position_table": "encoder",
+    "encoder_to_hf": "huggingface",
+    "load_hf": "huggingface",
+    "save_hf": "huggingface",
+    "to_hub_layout": "huggingface",
+    "check_sincos_table": "official",
+    "official_to_state_dict": "official",
+    "strip_module_prefix": "official",
+    "to_official": "official",
+    "encoder_to_timm": "timm_vit",
+    "save_timm": "timm_vit",
+    "timm_model_args": "timm_vit",
+}
+
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULES))

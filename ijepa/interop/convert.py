@@ -1,23 +1,50 @@
 """``ijepa convert``: one command between this project's checkpoints and the official I-JEPA,
-Hugging Face and timm formats (a jsonargparse CLI over :func:`convert`)."""
+Hugging Face and timm formats (a jsonargparse CLI over :func:`convert`).
+
+It never destroys data: an existing destination is refused unless ``--overwrite`` is given, and
+a destination that is the source (the same file or folder, also through a link) always is."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Literal
 
-import torch
 from jsonargparse import auto_cli
 
 from ijepa.checkpoint import atomic_save
-from ijepa.interop.encoder import ijepa_from_encoder, image_encoder, save_lightning_checkpoint
+from ijepa.interop.encoder import first_line, image_encoder, read_torch_file
 from ijepa.interop.huggingface import load_hf, save_hf
-from ijepa.interop.official import NETWORKS, load_official, to_official
+from ijepa.interop.ijepa_model import WEIGHTS_ONLY_KEY, ijepa_from_encoder, load_official, save_lightning_checkpoint
+from ijepa.interop.official import NETWORKS, to_official
 from ijepa.interop.timm_vit import save_timm
 from ijepa.module import IJEPA
 from ijepa.nn.vit import VisionTransformer
 
 Format = Literal["ckpt", "official", "hf", "timm"]
+FOLDER_FORMATS = ("hf", "timm")
+__all__ = ["WEIGHTS_ONLY_KEY", "check_destination", "convert", "main", "source_format"]
+
+
+def check_destination(source: Path, destination: Path, to: str, overwrite: bool) -> None:
+    """Refuse a destination that is the source (always), one of the wrong kind (a file where
+    ``to`` writes a folder, or the reverse) and, without ``overwrite``, any that exists."""
+    if not (destination.exists() or destination.is_symlink()):
+        return
+    if source.exists() and destination.exists() and os.path.samefile(source, destination):
+        raise ValueError(
+            f"destination {destination} is the source {source}: converting it onto itself would replace it "
+            "(--overwrite does not allow this); write to another path."
+        )
+    folder = to in FOLDER_FORMATS
+    if destination.is_dir() != folder:
+        raise ValueError(
+            f"destination {destination} is a {'file' if folder else 'folder'}; {to} writes a "
+            f"{'folder' if folder else 'file'}: give another path."
+        )
+    if not overwrite:
+        raise FileExistsError(f"destination {destination} exists; pass --overwrite to replace it.")
 
 
 def source_format(source: Path) -> tuple[str, dict | None]:
@@ -30,7 +57,7 @@ def source_format(source: Path) -> tuple[str, dict | None]:
         return "hf", None
     if not source.is_file():
         raise FileNotFoundError(f"source {str(source)!r} does not exist.")
-    checkpoint = torch.load(source, map_location="cpu", weights_only=True)
+    checkpoint = read_torch_file(source)
     if isinstance(checkpoint, dict) and "state_dict" in checkpoint and "hyper_parameters" in checkpoint:
         return "ckpt", checkpoint
     if isinstance(checkpoint, dict) and all(name in checkpoint for name in NETWORKS):
@@ -52,6 +79,8 @@ def convert(
     image_size: int | None = None,
     drop: list[str] | None = None,
     model: dict | None = None,
+    module_prefix: bool = True,
+    overwrite: bool = False,
 ) -> str:
     """Convert a checkpoint between formats; the source format is recognised from the file.
 
@@ -59,8 +88,9 @@ def convert(
         source: an ``ijepa fit`` checkpoint (``.ckpt``), an official I-JEPA checkpoint
             (``.pth.tar``) or a Hugging Face ``IJepaModel`` folder.
         destination: the file (``ckpt``, ``official``) or folder (``hf``, ``timm``) to write.
-        to: ``ckpt`` (a checkpoint ``ijepa fit`` starts from through
-            ``PositionEmbeddingInterpolation.init_checkpoint``), ``official``, ``hf`` or ``timm``.
+        to: ``ckpt`` (weights only, marked so: ``ijepa fit`` starts from it through
+            ``PositionEmbeddingInterpolation``'s ``init_checkpoint``, never ``--ckpt_path``),
+            ``official`` (a file the official ``train.py`` resumes from at epoch 0), ``hf`` or ``timm``.
         encoder: which encoder of an I-JEPA model ``hf`` and ``timm`` get: ``target`` (EMA) or ``online``.
         num_heads: encoder heads of an official checkpoint (its fused qkv hides them).
         predictor_num_heads: predictor heads of an official checkpoint, or of the fresh
@@ -68,8 +98,12 @@ def convert(
         image_size: load an official checkpoint at another resolution.
         drop: key prefixes of a Hugging Face state dict to leave out (heads such as ``classifier.``).
         model: further IJEPA options for a model built here (``{predictor_depth: 6}``).
+        module_prefix: ``official`` keys behind DDP's ``module.`` (the published checkpoints and
+            multi-process official runs); ``false`` for an official run on one process.
+        overwrite: replace an existing destination (never the source itself).
     """
-    path = Path(source)
+    path, out = Path(source), Path(destination)
+    check_destination(path, out, to, overwrite)
     kind, checkpoint = source_format(path)
     options = dict(model or {})
     if kind == "official":
@@ -81,7 +115,10 @@ def convert(
             checkpoint, num_heads, predictor_num_heads, image_size=image_size, **options
         )
     elif kind == "ckpt":
-        loaded = IJEPA.load_from_checkpoint(str(path), map_location="cpu")
+        try:
+            loaded = IJEPA.load_from_checkpoint(str(path), map_location="cpu")
+        except (KeyError, RuntimeError, TypeError) as error:  # weights that do not fit the hyperparameters
+            raise ValueError(f"{source} is not a loadable ijepa checkpoint: {first_line(error)}") from error
     else:
         loaded = load_hf(path, drop=tuple(drop or ()))
     if to in ("ckpt", "official") and isinstance(loaded, VisionTransformer):
@@ -90,11 +127,10 @@ def convert(
         if to == "official":  # the official predictor: sin-cos, per block
             options = {"predictor_pos_embed": "sincos", "predictor_mode": "per_block", **options}
         loaded = ijepa_from_encoder(loaded, **options)
-    out = Path(destination)
     if to == "ckpt":
         save_lightning_checkpoint(loaded, out)
     elif to == "official":
-        atomic_save(to_official(loaded), out)
+        atomic_save(to_official(loaded, module_prefix), out)
     elif to == "hf":
         save_hf(image_encoder(loaded, encoder), out)
     else:
@@ -105,5 +141,10 @@ def convert(
 
 
 def main(args: list[str] | None = None) -> None:
-    """``ijepa convert SOURCE DESTINATION ckpt|official|hf|timm [--option value ...]``."""
-    auto_cli(convert, args=args, as_positional=True, prog="ijepa convert")
+    """``ijepa convert SOURCE DESTINATION ckpt|official|hf|timm [--option value ...]``. What it
+    cannot do is one line on stderr and exit status 2, as jsonargparse's own errors."""
+    try:
+        auto_cli(convert, args=args, as_positional=True, prog="ijepa convert")
+    except (ValueError, OSError) as error:
+        print(f"ijepa convert: error: {error}", file=sys.stderr)
+        sys.exit(2)

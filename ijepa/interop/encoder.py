@@ -1,33 +1,79 @@
-"""A trained encoder on its own: out of an ``ijepa fit`` checkpoint into plain PyTorch, into a
-Lightning checkpoint that ``ijepa fit`` can start from, and the pieces every export shares
-(its position table, its weights written atomically as safetensors)."""
+"""A trained encoder on its own: out of an ``ijepa fit`` checkpoint into plain PyTorch, and the
+pieces every export shares (its position table, its weights written atomically as safetensors).
+
+Neither this module nor the exporters built on it import Lightning (nor, through it,
+transformers): an encoder is read straight from the checkpoint's weights and hyperparameters.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 
-import lightning as L
 import torch
 from safetensors.torch import load_file, save_file
 
-from ijepa.checkpoint import AtomicCheckpointIO, temporary_path
-from ijepa.module import IJEPA
 from ijepa.nn.position import AdditivePosition, NonePosition
+from ijepa.nn.video import VideoVisionTransformer
 from ijepa.nn.vit import VisionTransformer
 
+# The IJEPA hyperparameters its encoders are built from (ijepa.module.IJEPA.__init__), by name.
+ENCODER_OPTIONS = (
+    "image_size",
+    "patch_size",
+    "in_channels",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_ratio",
+    "drop_path_rate",
+    "pos_embed",
+    "rescale_residuals",
+    "pos_options",
+)
+CLIP_OPTIONS = ("num_frames", "tubelet_size")
 
-def load_encoder(checkpoint: str | Path, encoder: str = "target") -> VisionTransformer:
+
+def first_line(error: BaseException) -> str:
+    """``Type: first line of the message``: a library's error cut to one line for ours."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def read_torch_file(path: str | Path, what: str = "PyTorch checkpoint") -> object:
+    """``torch.load(path, weights_only=True)`` on the CPU; a file that is truncated or of another
+    kind is a ValueError naming it, in one line."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # zip, pickle and EOF errors of torch: none names the file
+        raise ValueError(
+            f"{path} is not a readable {what} (truncated, or a file of another kind): {first_line(error)}"
+        ) from error
+
+
+def load_encoder(checkpoint: str | Path, encoder: str = "target") -> VisionTransformer | VideoVisionTransformer:
     """The trained encoder of an ``ijepa fit`` checkpoint as a plain :class:`torch.nn.Module` in
     eval mode, on the CPU: ``encoder(images [B, 3, H, W]) -> [B, N, D]`` patch features and
     ``encoder.pooled_features(images) -> [B, D]``. ``encoder``: ``target`` (the EMA encoder the
-    probes score, default) or ``online``."""
+    probes score, default) or ``online``. Clip checkpoints give the clip encoder. Built from
+    the checkpoint's hyperparameters without Lightning, at the resolution it was trained at."""
     if encoder not in ("target", "online"):
         raise ValueError(f"encoder must be 'target' or 'online', got {encoder!r}.")
-    model = IJEPA.load_from_checkpoint(str(checkpoint), map_location="cpu")
-    network = model.target_encoder if encoder == "target" else model.encoder
+    saved = read_torch_file(checkpoint, "ijepa checkpoint")
+    hp = saved.get("hyper_parameters") if isinstance(saved, dict) else None
+    state = saved.get("state_dict") if isinstance(saved, dict) else None
+    if not isinstance(hp, dict) or not isinstance(state, dict):
+        raise ValueError(f"{checkpoint} is not an ijepa fit checkpoint: it has no state_dict and hyper_parameters.")
+    options = {key: hp[key] for key in ENCODER_OPTIONS if key in hp}
+    if hp.get("num_frames"):
+        network = VideoVisionTransformer(**options, **{key: hp[key] for key in CLIP_OPTIONS if key in hp})
+    else:
+        network = VisionTransformer(**options)
+    prefix = "target_encoder." if encoder == "target" else "encoder."
+    load_exactly(
+        network, {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}, str(checkpoint)
+    )
     return network.eval().requires_grad_(False)
 
 
@@ -45,10 +91,11 @@ def load_exactly(module: torch.nn.Module, state: dict[str, torch.Tensor], source
     module.load_state_dict(state, strict=True)
 
 
-def image_encoder(encoder: VisionTransformer | IJEPA, which: str = "target") -> VisionTransformer:
-    """The image encoder to export: ``encoder`` itself, or one of an :class:`IJEPA`'s
-    (``which``: ``target``, the EMA encoder, or ``online``). Clip encoders are refused."""
-    if isinstance(encoder, IJEPA):
+def image_encoder(encoder: torch.nn.Module, which: str = "target") -> VisionTransformer:
+    """The image encoder to export: ``encoder`` itself, or one of an
+    :class:`~ijepa.module.IJEPA`'s (``which``: ``target``, the EMA encoder, or ``online``).
+    Clip encoders are refused."""
+    if hasattr(encoder, "target_encoder"):  # an IJEPA, told apart without importing Lightning
         if which not in ("target", "online"):
             raise ValueError(f"which must be 'target' or 'online', got {which!r}.")
         encoder = encoder.target_encoder if which == "target" else encoder.encoder
@@ -94,45 +141,16 @@ def encoder_options(encoder: VisionTransformer) -> dict:
     }
 
 
-def ijepa_from_encoder(encoder: VisionTransformer, **model_options) -> IJEPA:
-    """An :class:`IJEPA` whose online and target encoders are copies of ``encoder`` (e.g. one
-    read by :func:`~ijepa.interop.load_hf`) and whose predictor is freshly initialised: a model
-    ``ijepa fit`` can continue pretraining (save it with :func:`save_lightning_checkpoint`).
-    Sizes and the position member are read from ``encoder``; ``model_options`` set the rest
-    (predictor, schedules, loss)."""
-    options = encoder_options(encoder)
-    read = {"image_size", "patch_size", "in_channels", "embed_dim", "depth", "num_heads", "mlp_ratio", "pos_embed"}
-    clash = sorted(read & set(model_options))
-    if clash:
-        raise ValueError(f"{clash} are read from the encoder and cannot be given.")
-    if not options["qkv_bias"]:
-        raise ValueError("IJEPA's encoders have qkv biases; this encoder has none.")
-    if options["norm_eps"] != 1e-6:
-        warnings.warn(
-            f"IJEPA's LayerNorms use eps=1e-6; the encoder's use {options['norm_eps']}. The weights are copied "
-            "unchanged, so outputs differ slightly from the source model's.",
-            stacklevel=2,
-        )
-    model = IJEPA(
-        image_size=options["image_size"],
-        patch_size=options["patch_size"],
-        in_channels=options["in_channels"],
-        embed_dim=options["embed_dim"],
-        depth=options["depth"],
-        num_heads=options["num_heads"],
-        mlp_ratio=options["mlp_hidden"] / options["embed_dim"],
-        pos_embed=encoder.position.name,
-        **model_options,
-    )
-    for network in (model.encoder, model.target_encoder):
-        network.load_state_dict(encoder.state_dict(), strict=True)
-    return model
+def temporary_file(path: Path) -> Path:
+    """A hidden file next to ``path`` (same filesystem, so renaming it over ``path`` is atomic),
+    named after the writing process as ``ijepa.checkpoint``'s temporaries are."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Write ``tensors`` to ``path`` as safetensors (``format: pt``, which transformers requires),
     through a temporary file renamed over ``path``: a crash leaves the old file or the new one."""
-    temporary = temporary_path(path)
+    temporary = temporary_file(path)
     try:
         save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(temporary), {"format": "pt"})
         os.replace(temporary, path)
@@ -142,7 +160,7 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 def save_json(obj: dict, path: Path) -> None:
     """``obj`` as indented JSON at ``path``, written through a temporary file."""
-    temporary = temporary_path(path)
+    temporary = temporary_file(path)
     try:
         temporary.write_text(json.dumps(obj, indent=2) + "\n")
         os.replace(temporary, path)
@@ -152,30 +170,43 @@ def save_json(obj: dict, path: Path) -> None:
 
 def load_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The weights of a saved model folder: ``model.safetensors``, a sharded
-    ``model.safetensors.index.json``, or ``pytorch_model.bin`` (loaded with ``weights_only``)."""
+    ``model.safetensors.index.json``, or ``pytorch_model.bin`` (loaded with ``weights_only``).
+    A file that cannot be read is a ValueError naming it."""
     if (folder / "model.safetensors").is_file():
-        return load_file(str(folder / "model.safetensors"))
+        return read_safetensors(folder / "model.safetensors")
     if (folder / "model.safetensors.index.json").is_file():
-        shards = sorted(set(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values()))
-        return {key: value for shard in shards for key, value in load_file(str(folder / shard)).items()}
+        index = read_json(folder / "model.safetensors.index.json")
+        if not isinstance(index.get("weight_map"), dict):
+            raise ValueError(f"{folder / 'model.safetensors.index.json'} has no weight_map: not a safetensors index.")
+        shards = sorted(set(index["weight_map"].values()))
+        return {key: value for shard in shards for key, value in read_safetensors(folder / shard).items()}
     if (folder / "pytorch_model.bin").is_file():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        state = read_torch_file(folder / "pytorch_model.bin", "PyTorch state dict")
+        if not isinstance(state, dict):
+            raise ValueError(f"{folder / 'pytorch_model.bin'} is not a state dict: it holds a {type(state).__name__}.")
+        return state
     raise FileNotFoundError(f"{folder} holds no model.safetensors, model.safetensors.index.json or pytorch_model.bin.")
 
 
-def save_lightning_checkpoint(model: IJEPA, path: str | Path) -> Path:
-    """Write ``model`` as a Lightning checkpoint (atomically) that ``ijepa fit`` can start from
-    (``PositionEmbeddingInterpolation``'s ``init_checkpoint``, at any resolution) and that
-    :func:`load_encoder` and ``IJEPA.load_from_checkpoint`` read."""
-    trainer = L.Trainer(
-        max_steps=0,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        plugins=[AtomicCheckpointIO()],
-    )
-    trainer.strategy.connect(model)
-    trainer.save_checkpoint(str(path))
-    return Path(path)
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; one that is missing, truncated or of another kind is an
+    error naming it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (named by the folder's safetensors index).")
+    try:
+        return load_file(str(path))
+    except Exception as error:  # safetensors' own errors do not name the file
+        raise ValueError(
+            f"{path} is not a readable safetensors file (truncated, or a file of another kind): {first_line(error)}"
+        ) from error
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from ``path``; anything else is a ValueError naming the file."""
+    try:
+        obj = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not JSON: {first_line(error)}") from error
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} is not a JSON object: it holds a {type(obj).__name__}.")
+    return obj

@@ -12,7 +12,6 @@ layout, which both versions load.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -25,11 +24,11 @@ from ijepa.interop.encoder import (
     load_exactly,
     load_weights,
     position_table,
+    read_json,
     save_json,
     save_safetensors,
 )
 from ijepa.interop.official import check_sincos_table
-from ijepa.module import IJEPA
 from ijepa.nn.vit import VisionTransformer
 
 # our encoder key -> Hub (transformers 4) key; block keys by pattern, q/k/v by splitting qkv
@@ -56,6 +55,14 @@ V5_RENAMES = (
 V5_QKV = re.compile(r"^layers\.(\d+)\.attention\.([qkv])_proj\.(weight|bias)$")
 QKV_V5 = {"q": "query", "k": "key", "v": "value"}
 POSITION_KEY = "embeddings.position_embeddings"
+HF_REQUIRED = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "image_size",
+    "patch_size",
+)
 QKV = ("query", "key", "value")
 
 
@@ -102,9 +109,9 @@ def hf_config(encoder: VisionTransformer) -> dict:
     }
 
 
-def encoder_to_hf(encoder: VisionTransformer | IJEPA, which: str = "target") -> tuple[dict, dict[str, torch.Tensor]]:
+def encoder_to_hf(encoder: torch.nn.Module, which: str = "target") -> tuple[dict, dict[str, torch.Tensor]]:
     """``(config, state dict)`` of an ``IJepaModel`` (Hub layout) computing what ``encoder``
-    computes. An :class:`IJEPA` gives its ``which`` encoder (``target`` or ``online``). Position
+    computes. An :class:`~ijepa.module.IJEPA` gives its ``which`` encoder (``target`` or ``online``). Position
     encodings a plain table cannot express (RoPE, PEG, relative bias) are refused."""
     encoder = image_encoder(encoder, which)
     table = position_table(encoder, "A Hugging Face IJepaModel")
@@ -126,31 +133,39 @@ def encoder_to_hf(encoder: VisionTransformer | IJEPA, which: str = "target") -> 
     return hf_config(encoder), out
 
 
-def save_hf(encoder: VisionTransformer | IJEPA, folder: str | Path, which: str = "target") -> Path:
+def save_hf(encoder: torch.nn.Module, folder: str | Path, which: str = "target") -> Path:
     """Write ``encoder`` as an ``IJepaModel`` folder: ``config.json``, ``model.safetensors`` and
-    a ``preprocessor_config.json`` with this project's normalisation, so that
+    a ``preprocessor_config.json`` (:func:`hf_preprocessor`), so that
     ``transformers.IJepaModel.from_pretrained(folder)`` loads it with no missing or extra key."""
     config, state = encoder_to_hf(encoder, which)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_safetensors(state, folder / "model.safetensors")
     save_json(config, folder / "config.json")
-    size = config["image_size"]
-    save_json(
-        {
-            "image_processor_type": "ViTImageProcessor",
-            "do_resize": True,
-            "size": {"height": size, "width": size},
-            "resample": 3,  # bicubic
-            "do_rescale": True,
-            "rescale_factor": 1 / 255,
-            "do_normalize": True,
-            "image_mean": list(IMAGENET_MEAN),
-            "image_std": list(IMAGENET_STD),
-        },
-        folder / "preprocessor_config.json",
-    )
+    save_json(hf_preprocessor(config["image_size"]), folder / "preprocessor_config.json")
     return folder
+
+
+def hf_preprocessor(image_size: int) -> dict:
+    """The ``preprocessor_config.json`` of this project's evaluation transform
+    (``IJEPADataModule.eval_transform``): the shorter side resized to ``image_size`` (bilinear,
+    antialiased), the centre ``image_size`` square cropped, then ImageNet normalisation. A
+    ``CLIPImageProcessor`` does exactly these steps; ``ViTImageProcessor``, the default for
+    ``ijepa`` models, would squash the whole image to the square instead."""
+    return {
+        "image_processor_type": "CLIPImageProcessor",
+        "do_resize": True,
+        "size": {"shortest_edge": image_size},
+        "resample": 2,  # PIL bilinear, as torchvision's Resize
+        "do_center_crop": True,
+        "crop_size": {"height": image_size, "width": image_size},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(IMAGENET_MEAN),
+        "image_std": list(IMAGENET_STD),
+        "do_convert_rgb": True,
+    }
 
 
 def _square(value, name: str) -> int:
@@ -215,7 +230,12 @@ def load_hf(
         state = source
     else:
         folder = Path(source)
-        config = json.loads((folder / "config.json").read_text()) if config is None else config
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder} has no config.json: not a Hugging Face model folder.")
+        config = read_json(folder / "config.json") if config is None else config
+        missing = [key for key in HF_REQUIRED if key not in config]
+        if missing:
+            raise ValueError(f"{folder / 'config.json'} lacks {missing}: not an IJepaModel config.")
         state = load_weights(folder)
     if config.get("model_type", "ijepa") != "ijepa":
         raise ValueError(f"config model_type must be 'ijepa', got {config.get('model_type')!r}.")

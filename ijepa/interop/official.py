@@ -7,19 +7,20 @@ fixed sin-cos ``pos_embed [1, N, D]`` whose layout equals our ``sincos`` table (
 the weights map one to one onto an :class:`~ijepa.module.IJEPA` with ``pos_embed`` and
 ``predictor_pos_embed`` ``sincos``; its predictor is our ``per_block`` predictor.
 
-A ``pos_embed`` that is not our sin-cos table is an error, not replaced.
+A ``pos_embed`` that is not our sin-cos table is an error, not replaced. The export is a file the
+official ``train.py`` resumes from (``src/helper.py``'s ``load_checkpoint`` reads ``epoch``, the
+three networks with DDP's prefix, ``opt`` and ``scaler``). Nothing here imports Lightning:
+:func:`~ijepa.interop.load_official`, which builds an :class:`~ijepa.module.IJEPA`, lives in
+:mod:`ijepa.interop.ijepa_model`.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import torch
 
-from ijepa.interop.encoder import load_exactly
-from ijepa.module import IJEPA
 from ijepa.nn.position import sinusoidal_2d_grid
 
 # official name -> ours, within the encoder and the predictor (block keys are mapped by pattern)
@@ -40,6 +41,9 @@ PREDICTOR_NAMES = {
 }
 BLOCK_PARTS = r"(norm1|norm2|attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)\.(weight|bias)"
 NETWORKS = ("encoder", "predictor", "target_encoder")
+# What the official load_checkpoint reads besides the networks; a missing one sends it back to
+# epoch 0 with random weights, without an error.
+RESUME_ENTRIES = ("epoch", "opt", "scaler")
 
 
 def strip_module_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -126,11 +130,37 @@ def official_layout(state: dict, names: dict[str, str], block_prefix: str, prefi
     return out
 
 
-def to_official(model: IJEPA) -> dict:
-    """Our model -> an official-format checkpoint dict (``encoder``, ``predictor``,
-    ``target_encoder`` with their sin-cos ``pos_embed`` tables). Only models the official code
-    can express: image models, ``sincos`` in both networks, the ``per_block`` predictor, no
-    SIGReg projector."""
+def official_resume_entries(checkpoint: dict) -> dict:
+    """``epoch``, ``opt`` and ``scaler`` for the official-layout networks in ``checkpoint``: what
+    the official ``load_checkpoint`` reads after the weights. ``opt`` is an AdamW state dict over
+    the official ``init_opt``'s four parameter groups (weights of the encoder, of the predictor,
+    then their biases and 1-D parameters, which exclude weight decay) with fresh moments;
+    ``scaler`` is a GradScaler's initial state (read only by bfloat16 runs). At epoch 0 the
+    official run starts its schedules from the beginning, from these weights."""
+    groups = []
+    for no_decay in (False, True):
+        for network in ("encoder", "predictor"):
+            part = checkpoint[network]
+            count = sum((("bias" in key) or value.dim() == 1) == no_decay for key, value in part.items())
+            group: dict = {"params": [torch.zeros(()) for _ in range(count)]}
+            if no_decay:
+                group.update(WD_exclude=True, weight_decay=0)
+            groups.append(group)
+    return {
+        "epoch": 0,
+        "opt": torch.optim.AdamW(groups).state_dict(),
+        "scaler": torch.amp.GradScaler("cpu").state_dict(),
+    }
+
+
+def to_official(model: torch.nn.Module, module_prefix: bool = True) -> dict:
+    """Our :class:`~ijepa.module.IJEPA` -> an official-format checkpoint dict: ``encoder``,
+    ``predictor``, ``target_encoder`` (with their sin-cos ``pos_embed`` tables) and the entries
+    :func:`official_resume_entries` adds, so the official ``train.py`` resumes from it.
+    ``module_prefix`` puts DDP's ``module.`` before every weight, as the published checkpoints
+    and every multi-process official run have; an official run on one process (no DDP) needs
+    ``module_prefix=False``. Only models the official code can express: image models,
+    ``sincos`` in both networks, the ``per_block`` predictor, no SIGReg projector."""
     hp = model.hparams
     problems = []
     if hp.num_frames:
@@ -156,25 +186,17 @@ def to_official(model: IJEPA) -> dict:
     leftover = [key for key in state if not key.startswith(NETWORKS)]
     if leftover:
         raise ValueError(f"these parameters have no place in the official layout: {sorted(leftover)}")
+    checkpoint.update(official_resume_entries(checkpoint))
+    if module_prefix:
+        for network in NETWORKS:
+            checkpoint[network] = {f"module.{key}": value for key, value in checkpoint[network].items()}
     return checkpoint
 
 
-def load_official(
-    checkpoint: dict | str | Path,
-    num_heads: int,
-    predictor_num_heads: int,
-    image_size: int | None = None,
-    **model_options,
-) -> IJEPA:
-    """An :class:`IJEPA` holding an official I-JEPA checkpoint's weights.
-
-    Widths, depths, patch size and the training grid are read from the weights; the head counts
-    cannot be (the fused qkv hides them) and must be given (ViT-H/14: 16, predictor 12).
-    ``image_size`` defaults to the checkpoint's; another size keeps the weights (sin-cos tables
-    are rebuilt for the new grid). ``model_options`` go to :class:`IJEPA` (schedules, loss...).
-    """
-    if not isinstance(checkpoint, dict):
-        checkpoint = torch.load(checkpoint, map_location="cpu", weights_only=True)
+def official_model_options(checkpoint: dict, image_size: int | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """What an official checkpoint says about the model, ``(IJEPA options, our state dict)``:
+    widths, depths, patch size and the training grid, read from the weights. The head counts
+    cannot be (the fused qkv hides them); ``image_size`` overrides the checkpoint's."""
     state = official_to_state_dict(checkpoint)
     encoder = strip_module_prefix(checkpoint["encoder"])
     kernel = state["encoder.patch_embed.proj.weight"]
@@ -187,21 +209,17 @@ def load_official(
     predictor_depth = 1 + max(
         int(key.split(".")[3]) for key in state if key.startswith("predictor.transformer.blocks.")
     )
-    model = IJEPA(
-        image_size=image_size if image_size is not None else grid * patch_size,
-        patch_size=patch_size,
-        in_channels=kernel.size(1),
-        embed_dim=embed_dim,
-        depth=depth,
-        num_heads=num_heads,
-        mlp_ratio=state["encoder.transformer.blocks.0.mlp.fc1.weight"].size(0) / embed_dim,
-        pos_embed="sincos",
-        predictor_embed_dim=state["predictor.input_proj.weight"].size(0),
-        predictor_depth=predictor_depth,
-        predictor_num_heads=predictor_num_heads,
-        predictor_pos_embed="sincos",
-        predictor_mode="per_block",
-        **model_options,
-    )
-    load_exactly(model, state, "official checkpoint")
-    return model
+    options = {
+        "image_size": image_size if image_size is not None else grid * patch_size,
+        "patch_size": patch_size,
+        "in_channels": kernel.size(1),
+        "embed_dim": embed_dim,
+        "depth": depth,
+        "mlp_ratio": state["encoder.transformer.blocks.0.mlp.fc1.weight"].size(0) / embed_dim,
+        "pos_embed": "sincos",
+        "predictor_embed_dim": state["predictor.input_proj.weight"].size(0),
+        "predictor_depth": predictor_depth,
+        "predictor_pos_embed": "sincos",
+        "predictor_mode": "per_block",
+    }
+    return options, state

@@ -17,7 +17,6 @@ import torch
 from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ijepa.interop.encoder import encoder_options, image_encoder, position_table, save_json, save_safetensors
 from ijepa.interop.official import ENCODER_NAMES, official_layout
-from ijepa.module import IJEPA
 from ijepa.nn.vit import VisionTransformer
 
 TIMM_NORM_EPS = 1e-6  # timm's ViT LayerNorm; a JSON config cannot name another norm layer
@@ -49,10 +48,10 @@ def timm_model_args(encoder: VisionTransformer) -> dict:
     }
 
 
-def encoder_to_timm(encoder: VisionTransformer | IJEPA, which: str = "target") -> tuple[dict, dict[str, torch.Tensor]]:
+def encoder_to_timm(encoder: torch.nn.Module, which: str = "target") -> tuple[dict, dict[str, torch.Tensor]]:
     """``(model_args, state dict)`` of a timm ``VisionTransformer`` equal to ``encoder`` (an
-    :class:`IJEPA` gives its ``which`` encoder). Position encodings a plain table cannot express
-    (RoPE, PEG, relative bias) are refused."""
+    :class:`~ijepa.module.IJEPA` gives its ``which`` encoder). Position encodings a plain table cannot express
+        (RoPE, PEG, relative bias) are refused."""
     encoder = image_encoder(encoder, which)
     args = timm_model_args(encoder)
     table = position_table(encoder, "timm's VisionTransformer")
@@ -62,7 +61,7 @@ def encoder_to_timm(encoder: VisionTransformer | IJEPA, which: str = "target") -
     return args, out
 
 
-def save_timm(encoder: VisionTransformer | IJEPA, folder: str | Path, which: str = "target") -> Path:
+def save_timm(encoder: torch.nn.Module, folder: str | Path, which: str = "target") -> Path:
     """Write ``encoder`` as a timm model folder (``config.json`` with the architecture, model
     arguments and preprocessing; ``model.safetensors``), which
     ``timm.create_model("local-dir:<folder>", pretrained=True)`` loads."""
@@ -81,8 +80,10 @@ def save_timm(encoder: VisionTransformer | IJEPA, folder: str | Path, which: str
             "pretrained_cfg": {
                 "input_size": [args["in_chans"], size, size],
                 "fixed_input_size": True,
-                "interpolation": "bicubic",
+                # timm's eval transform then is this project's: shorter side resized, centre crop
+                "interpolation": "bilinear",
                 "crop_pct": 1.0,
+                "crop_mode": "center",
                 "mean": list(IMAGENET_MEAN),
                 "std": list(IMAGENET_STD),
                 "num_classes": 0,
