@@ -6,18 +6,25 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
+import os
+import re
 import signal
 import sys
+import typing
 from pathlib import Path
 
+import lightning as L
 import torch
 import yaml
-from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
 from ijepa.callbacks.features import FeatureWriter
+from ijepa.callbacks.final_checkpoint import FinalCheckpoint
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.interop import convert
 from ijepa.module import IJEPA
@@ -34,8 +41,187 @@ LINKS = (
 )
 
 
+class OptionError(ValueError):
+    """An option the run sets is out of its range or not one of its choices; the message's first
+    line names it (``trainer.callbacks: KNNProbe: k must be >= 1, got 0.``). ``ijepa`` prints it
+    without a traceback and exits with status 2, as for a parse error."""
+
+
+class IJEPAArgumentParser(LightningArgumentParser):
+    """Lightning's parser, whose errors start with the option and the reason.
+
+    jsonargparse reports a bad value under the union of types it tried, the value given and the
+    usage of every option (about 150 lines): the reason, nested a few levels down, ended up far
+    from both ends of the output. Here the first line is ``error: <option>: <reason>``, with the
+    known classes when a class path does not resolve; jsonargparse's message follows, without
+    the usage."""
+
+    def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
+        parser = getattr(ex, "subcommand_parser", None) or self
+        headline = parse_error_headline(parser, message, ex)
+        if headline:
+            message = f"{headline}\n{message}"
+        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
+            super().error(message, ex)  # raises
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"error: {message}\ntip: `{prog} --help` lists the options.\n")
+        sys.exit(2)
+
+
+def parse_error_headline(parser, message: str, ex: Exception | None) -> str | None:
+    """``<key>: <innermost reason>`` of a jsonargparse parse error (None if it names no key), plus
+    the classes the key accepts when the reason is a class path that does not resolve."""
+    match = re.match(r'Parser key "([^"]+)"', message)
+    if match is None or ex is None:
+        return None
+    key, reason = match.group(1), innermost_error(ex)
+    headline = f"{key}: {first_line(reason)}"
+    action = next((a for a in parser._actions if a.dest == key), None)
+    if isinstance(reason, (ImportError, AttributeError)) or "import path" in str(reason):
+        classes = known_classes(getattr(action, "_typehint", None))
+        if classes:
+            headline += f". Choose one of (a class path, or its name alone): {', '.join(classes)}"
+    return headline
+
+
+def innermost_error(error: BaseException) -> BaseException:
+    """The error under those jsonargparse wraps it in: a class's own ValueError, an import error."""
+    while (inner := error.__cause__ or error.__context__) is not None and _raised_by_jsonargparse(error):
+        error = inner
+    return error
+
+
+def _raised_by_jsonargparse(error: BaseException) -> bool:
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("jsonargparse")
+
+
+def first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def known_classes(typehint) -> list[str]:
+    """Class paths of the concrete subclasses (loaded so far) of the classes in ``typehint``,
+    e.g. every data source for ``DataSource | None``, by their shortest import path."""
+    found: list[type] = []
+
+    def add(cls: type) -> None:
+        if cls not in found and not inspect.isabstract(cls) and "<locals>" not in cls.__qualname__:
+            found.append(cls)
+        for subclass in cls.__subclasses__():
+            add(subclass)
+
+    pending = [typehint]
+    while pending:
+        hint = pending.pop()
+        if inspect.isclass(hint) and hint is not type(None):
+            add(hint)
+        pending.extend(typing.get_args(hint))
+    paths = [_import_path(cls) for cls in found]
+    return [path for path in paths if not any(part.startswith("_") for part in path.split("."))]  # public only
+
+
+def _import_path(cls: type) -> str:
+    parts = cls.__module__.split(".")
+    for end in range(1, len(parts) + 1):  # ijepa.data.ShapesSource rather than ijepa.data.sources.ShapesSource
+        module = sys.modules.get(".".join(parts[:end]))
+        if module is not None and getattr(module, cls.__name__, None) is cls:
+            return f"{module.__name__}.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _built_class(error: BaseException) -> type | None:
+    """The class whose constructor raised ``error``: the outermost ``__init__`` in its traceback."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "__init__" and "self" in tb.tb_frame.f_locals:
+            return type(tb.tb_frame.f_locals["self"])
+        tb = tb.tb_next
+    return None
+
+
+class _HeldBack(logging.Filter):
+    """Holds a logger's records until :meth:`release` (which drops them unless ``emit``)."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__()
+        self.logger, self.records = logger, []
+        logger.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+    def release(self, emit: bool = True) -> None:
+        self.logger.removeFilter(self)
+        records, self.records = self.records, []
+        for record in records if emit else ():
+            self.logger.handle(record)
+
+
+# The config key of each class the CLI builds outside a class_path.
+CLASS_KEYS = ((L.LightningModule, "model"), (L.LightningDataModule, "data"), (L.Trainer, "trainer"))
+
+
 class IJEPACLI(LightningCLI):
     """LightningCLI whose model and data share one definition of the patch grid."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("parser_class", IJEPAArgumentParser)
+        # Lightning logs "Seed set to N" before it builds the classes: held back until they are
+        # built, so that an option a class refuses is the first line of the output.
+        self._seed_message = _HeldBack(logging.getLogger("lightning.fabric.utilities.seed"))
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            self._seed_message.release(emit=False)  # nothing left once released
+
+    def before_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        if subcommand in ("validate", "test", "predict") and not self.config[subcommand].get("ckpt_path"):
+            rank_zero_warn(
+                f"`ijepa {subcommand}` without --ckpt_path evaluates the model's random initialisation; pass "
+                f"--ckpt_path with a checkpoint of `ijepa fit` to evaluate trained weights."
+            )
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (ValueError, OSError, MisconfigurationException) as error:  # Lightning's for trainer options
+            raise OptionError(self._option_error_message(error)) from error
+        self._seed_message.release()
+
+    def _option_error_message(self, error: BaseException) -> str:
+        """``<config key>: [<class>: ]<the class's own message>``, then jsonargparse's report if
+        it wrapped the error (trainer.callbacks and data.source are checked in a union of types)."""
+        own = innermost_error(error)
+        cls = _built_class(own)
+        label = None
+        if cls is not None:
+            label = next((key for base, key in CLASS_KEYS if issubclass(cls, base)), None)
+            if label is None:  # chosen by class_path: a callback, a data source
+                key = self._key_naming(cls)
+                label = f"{key}: {cls.__name__}" if key else cls.__name__
+        message = f"{label}: {own}" if label else str(own)
+        return message if own is error else f"{message}\n{error}"
+
+    def _key_naming(self, cls: type) -> str | None:
+        """The config key whose ``class_path`` (or a list entry's, as in ``trainer.callbacks``) names ``cls``."""
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+
+        def names(path) -> bool:
+            return isinstance(path, str) and path.rsplit(".", 1)[-1] == cls.__name__
+
+        for key, value in config.items():
+            if key.endswith(".class_path") and names(value):
+                return key.removesuffix(".class_path")
+            if isinstance(value, list) and any(names(getattr(entry, "class_path", None)) for entry in value):
+                return key
+        return None
 
     def add_arguments_to_parser(self, parser) -> None:
         for source, target in LINKS:
@@ -44,6 +230,8 @@ class IJEPACLI(LightningCLI):
         # a checkpoint on SIGTERM (ijepa.callbacks.checkpoint_safety).
         parser.add_lightning_class_args(CheckpointFolderCheck, "checkpoint_folder")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
+        # The state fit ends in, saved wherever max_steps falls (ijepa.callbacks.final_checkpoint).
+        parser.add_lightning_class_args(FinalCheckpoint, "final_checkpoint")
         # `ijepa predict` writes its features and labels to a file (ijepa.callbacks.features).
         parser.add_lightning_class_args(FeatureWriter, "feature_writer")
 
@@ -91,6 +279,13 @@ class IJEPACLI(LightningCLI):
                 f"not a Lightning checkpoint. Checkpoints are written atomically, so an earlier one in the same folder "
                 f"is intact."
             ) from error
+        if subcommand == "fit" and checkpoint.get(convert.WEIGHTS_ONLY_KEY):
+            # no optimizer, schedule or step: "resuming" it would silently restart warm-up
+            raise ValueError(
+                f"ckpt_path={ckpt_path!r} is a weights-only conversion (ijepa convert ... ckpt): it holds no "
+                "optimizer, schedule or step to resume. Start a new run from its weights with the "
+                "ijepa.callbacks.PositionEmbeddingInterpolation callback's init_checkpoint (docs/resolution.md)."
+            )
         hparams = checkpoint.get("hyper_parameters", {})
         hparams = {k: v for k, v in hparams.items() if k not in ("image_size", "patch_size", "_instantiator")}
         if not hparams:
@@ -191,6 +386,9 @@ def main(args: list[str] | None = None) -> None:
         build_cli(args)
     except SIGTERMException:
         sys.exit(128 + signal.SIGTERM)
+    except OptionError as error:  # a value the user set: the message says which and why, no traceback
+        sys.stderr.write(f"error: {error}\n")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from ijepa.checkpoint import resize_optimizer_states, resize_state_dict
-from ijepa.nn.checks import index_checks
+from ijepa.checkpoint import non_finite_tensors, previous_path, resize_optimizer_states, resize_state_dict
+from ijepa.nn.checks import check_range, index_checks
 from ijepa.nn.packing import (
     Packed,
     canvas_positions,
@@ -215,35 +215,53 @@ class IJEPA(L.LightningModule):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}.")
-        for name, value in (("lr", lr), ("start_lr", start_lr), ("final_lr", final_lr)):
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}.")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
+        # Every numeric option is checked here, before any weight is built (a bad one used to fail
+        # inside torch, e.g. drop_path_rate 1.5 at the first training step).
+        for name, value, low in (
+            ("image_size", image_size, 1),
+            ("patch_size", patch_size, 1),
+            ("in_channels", in_channels, 1),
+            ("embed_dim", embed_dim, 1),
+            ("depth", depth, 1),
+            ("num_heads", num_heads, 1),
+            ("predictor_embed_dim", predictor_embed_dim, 1),
+            ("predictor_depth", predictor_depth, 1),
+            ("predictor_num_heads", predictor_num_heads, 1),
+            ("sigreg_tokens", sigreg_tokens, 2),
+            ("sigreg_slices", sigreg_slices, 1),
+            ("varcov_weight", varcov_weight, 0),
+            ("lr", lr, 0),
+            ("start_lr", start_lr, 0),
+            ("final_lr", final_lr, 0),
+            ("warmup_steps", warmup_steps, 0),
+            ("weight_decay", weight_decay, 0),
+            ("final_weight_decay", final_weight_decay, 0),
+            ("tubelet_size", tubelet_size, 1),
+        ):
+            check_range(value, name, low)
+        check_range(mlp_ratio, "mlp_ratio", 0, low_open=True)
+        check_range(drop_path_rate, "drop_path_rate", 0, 1, high_open=True)
+        check_range(sigreg_weight, "sigreg_weight", 0, 1)
+        check_range(sigreg_projector_share, "sigreg_projector_share", 0, 1)
+        check_range(time_unit, "time_unit", 0, low_open=True)
+        for index, beta in enumerate(betas):
+            check_range(beta, f"betas[{index}]", 0, 1, high_open=True)
+        for width in sigreg_projector or ():
+            check_range(width, "sigreg_projector widths", 1)
         if not 1 <= target_last_blocks <= depth:
             raise ValueError(f"target_last_blocks must be in [1, {depth}] (the depth), got {target_last_blocks}.")
         if target_norm not in TARGET_NORMS:
             raise ValueError(f"target_norm must be one of {TARGET_NORMS}, got {target_norm!r}.")
-        if not 0.0 <= sigreg_weight <= 1.0:
-            raise ValueError(f"sigreg_weight must be in [0, 1], got {sigreg_weight}.")
         if sigreg_input not in SIGREG_INPUTS:
             raise ValueError(f"sigreg_input must be one of {SIGREG_INPUTS}, got {sigreg_input!r}.")
-        if not 0.0 <= sigreg_projector_share <= 1.0:
-            raise ValueError(f"sigreg_projector_share must be in [0, 1], got {sigreg_projector_share}.")
         if varcov_input not in SIGREG_INPUTS:
             raise ValueError(f"varcov_input must be one of {SIGREG_INPUTS}, got {varcov_input!r}.")
-        if varcov_weight < 0:
-            raise ValueError(f"varcov_weight must be >= 0, got {varcov_weight}.")
-        if sigreg_tokens < 2:
-            raise ValueError(f"sigreg_tokens must be >= 2, got {sigreg_tokens}.")
         self.save_hyperparameters()
         # How checkpoints from another resolution are adapted on load; the
         # PositionEmbeddingInterpolation callback sets these from the config.
         self.position_interpolation = {"mode": "bicubic", "antialias": False}
         if num_frames < 0:
             raise ValueError(f"num_frames must be 0 (images) or a positive frame count, got {num_frames}.")
-        if time_unit <= 0:
-            raise ValueError(f"time_unit must be > 0 (seconds per temporal position), got {time_unit}.")
         if num_frames:
             self.encoder = VideoVisionTransformer(
                 num_frames,
@@ -593,20 +611,63 @@ class IJEPA(L.LightningModule):
         chosen = torch.randperm(tokens.size(0), generator=generator)[:count].to(tokens.device)
         return tokens[chosen]
 
-    def last_good_checkpoint(self) -> str:
-        """The newest checkpoint on disk written by this run's checkpoint callbacks (every one is
-        finite: :meth:`on_save_checkpoint` refuses the others), or ``"none written yet"``."""
+    def saved_checkpoints(self) -> list[tuple[int, str]]:
+        """``(global step, path)`` of this run's checkpoints still on disk, newest step first, one
+        per step: what its checkpoint callbacks keep (``last.ckpt``, the top-k files), the
+        ``previous-last.ckpt`` that :class:`~ijepa.checkpoint.AtomicCheckpointIO` keeps, and the
+        ``ckpt_path`` it resumed from. Every one is finite: :meth:`on_save_checkpoint` refuses the
+        others, :meth:`on_load_checkpoint` refuses to load them."""
         callbacks = self.trainer.checkpoint_callbacks if self._trainer is not None else []
-        paths = [getattr(c, name, "") for c in callbacks for name in ("last_model_path", "best_model_path")]
-        written = [path for path in paths if path and os.path.isfile(path)]
-        # max keeps the first of equal times: last.ckpt before the top-k copy of the same step
-        return max(written, key=os.path.getmtime) if written else "none written yet"
+        resumed = self.trainer.ckpt_path if self._trainer is not None else None
+        paths = []
+        for callback in callbacks:
+            last = getattr(callback, "last_model_path", "")
+            paths += [last, str(previous_path(last)) if last else "", getattr(callback, "best_model_path", "")]
+            paths += list(getattr(callback, "best_k_models", {}))
+        paths.append(str(resumed) if resumed else "")
+        steps = {}
+        for path in dict.fromkeys(p for p in paths if p and os.path.isfile(p)):
+            try:  # mmap: reads the step, not the tensors
+                step = torch.load(path, mmap=True, weights_only=True, map_location="cpu")["global_step"]
+            except Exception:
+                continue
+            steps.setdefault(int(step), path)  # last.ckpt first: it is the one a user resumes
+        return sorted(steps.items(), reverse=True)
+
+    def last_good_checkpoint(self) -> str:
+        """The newest checkpoint of :meth:`saved_checkpoints`, or ``"none written yet"``."""
+        saved = self.saved_checkpoints()
+        return saved[0][1] if saved else "none written yet"
+
+    def _resume_advice(self) -> str:
+        saved = self.saved_checkpoints()
+        if not saved:
+            return "No checkpoint of this run was written: restart with a lower model.lr or longer model.warmup_steps."
+        (step, newest), earlier = saved[0], saved[1:]
+        # A finite checkpoint can already hold a diverging state (weights grown by an lr that is
+        # too high): resumed, even at lr 0, its next step's gradients overflow. So the advice
+        # names the checkpoint before the newest one, which AtomicCheckpointIO keeps.
+        state = (
+            "the state this diverging step started from"
+            if step == self.global_step
+            else "finite, but it may already hold the diverging state"
+        )
+        if not earlier:
+            return (
+                f"The only checkpoint left, {newest} (step {step}), is {state}; resume it with a lower model.lr "
+                "or a longer model.warmup_steps, or restart if it diverges again at once."
+            )
+        return (
+            f"Resume from the checkpoint before the newest, {earlier[0][1]} (step {earlier[0][0]}), with a lower "
+            f"model.lr or a longer model.warmup_steps (or precision 32-true / bf16-mixed); the newest, {newest} "
+            f"(step {step}), is {state}: resumed, it can give NaN at its next step at any learning rate. If the "
+            "one before diverges at once too, the divergence began earlier: restart with a lower model.lr."
+        )
 
     def _diverged(self, what: str) -> FloatingPointError:
         return FloatingPointError(
             f"{what} at step {self.global_step} (epoch {self.current_epoch}); stopping without saving. "
-            f"Last good checkpoint: {self.last_good_checkpoint()}. "
-            "Lower model.lr, raise model.warmup_steps, or use precision 32-true / bf16-mixed."
+            + self._resume_advice()
         )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -719,15 +780,11 @@ class IJEPA(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Never write non-finite weights: ModelCheckpoint deletes the previous file after a save,
         # so a NaN state written once would replace the last finite one.
-        bad = [
-            name
-            for name, value in checkpoint["state_dict"].items()
-            if value.is_floating_point() and not torch.isfinite(value).all()
-        ]
+        bad = non_finite_tensors(checkpoint["state_dict"])
         if bad:
             raise FloatingPointError(
                 f"refusing to write a checkpoint with non-finite weights at step {self.global_step} ({len(bad)} tensors: "
-                f"{', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}). Last good checkpoint: {self.last_good_checkpoint()}."
+                f"{', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}). {self._resume_advice()}"
             )
         checkpoint["resolution"] = {"image_size": self.hparams.image_size, "patch_size": self.hparams.patch_size}
         if self.hparams.num_frames:
@@ -748,6 +805,15 @@ class IJEPA(L.LightningModule):
         raises ValueError listing the keys. Runs for ``Trainer(ckpt_path=...)`` and
         ``IJEPA.load_from_checkpoint``.
         """
+        # A NaN checkpoint would be scored (validate, test, predict) or trained (fit) without a word.
+        bad = non_finite_tensors(checkpoint.get("state_dict", {}))
+        if bad:
+            source = f"ckpt_path={str(self.trainer.ckpt_path)!r}" if self._trainer is not None else "the checkpoint"
+            raise ValueError(
+                f"{source} holds non-finite weights ({len(bad)} tensor{'s' * (len(bad) > 1)} with NaN or inf: "
+                f"{', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); refusing to load it. Use an earlier "
+                "checkpoint of the run (previous-last.ckpt beside last.ckpt is the one before the newest)."
+            )
         # The grid it was trained on: recorded by on_save_checkpoint, since load_from_checkpoint
         # overwrites the saved hyperparameters with its keyword arguments (e.g. image_size=96).
         rng = checkpoint.get("rng_states")

@@ -69,7 +69,8 @@ def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(tmp_
         default_root_dir=tmp_path,
     )
     with pytest.raises(
-        FloatingPointError, match=r"non-finite train/loss \(nan\) at step 3 .*Last good checkpoint: .*last\.ckpt"
+        FloatingPointError,
+        match=r"non-finite train/loss \(nan\) at step 3 .*The only checkpoint left, .*/last\.ckpt \(step 2\)",
     ):
         trainer.fit(model, train_dataloaders=random_loader(num_images=64))
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
@@ -121,6 +122,22 @@ def test_checkpoints_are_written_atomically(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no temporary left behind
     io.save_checkpoint({"step": torch.tensor(3)}, path)
     assert torch.load(path, weights_only=True)["step"] == 3
+
+
+def test_a_save_over_last_ckpt_keeps_the_state_it_replaces_as_previous_last(tmp_path):
+    from ijepa.checkpoint import AtomicCheckpointIO
+
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    for step in (1, 2, 3):
+        io.save_checkpoint({"step": torch.tensor(step)}, path)
+        io.save_checkpoint({"step": torch.tensor(step)}, tmp_path / "epoch=0-step=1.ckpt")
+    assert torch.load(path, weights_only=True)["step"] == 3
+    assert torch.load(tmp_path / "previous-last.ckpt", weights_only=True)["step"] == 2
+    # only last.ckpt keeps its previous version, and no temporary stays behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=1.ckpt", "last.ckpt", "previous-last.ckpt"]
+    AtomicCheckpointIO(keep_previous=False).save_checkpoint({"step": torch.tensor(4)}, path)
+    assert torch.load(tmp_path / "previous-last.ckpt", weights_only=True)["step"] == 2
 
 
 def test_the_cli_writes_checkpoints_atomically(tmp_path):

@@ -1,6 +1,7 @@
 """Nothing lost, nothing silently wrong: the run-level faults of docs/reliability.md, through the CLI."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -8,11 +9,14 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import lightning as L
 import pytest
 import torch
-from conftest import TINY_CONFIG
+from conftest import TINY_CONFIG, TINY_MODEL
 
+from ijepa.checkpoint import estimated_checkpoint_bytes, format_bytes
 from ijepa.cli import build_cli
+from ijepa.module import IJEPA
 from ijepa.schedules import warmup_cosine_schedule
 
 CONFIG = str(TINY_CONFIG)
@@ -45,10 +49,12 @@ def non_finite_tensors(path):
     return [name for name, value in state.items() if not torch.isfinite(value).all()]
 
 
-def test_a_diverging_run_never_writes_or_names_a_non_finite_checkpoint(tmp_path):
+@pytest.mark.slow  # two fits
+def test_a_diverging_run_names_a_checkpoint_from_before_the_divergence_that_resumes_at_a_lower_lr(tmp_path):
     # lr 1e3 on the tiny model: the loss stays finite for a few steps while the update turns the
-    # weights into NaN; the old guard only checked the loss, so the NaN state was saved (and the
-    # save deleted the last finite checkpoint) and then named "Last good checkpoint".
+    # weights into NaN. The old guard only checked the loss, so the NaN state was saved (and the
+    # save deleted the last finite checkpoint). Then it named the newest finite checkpoint, which
+    # already held the diverged state: resumed at a lower lr, or at lr 0, its next step was NaN.
     folder = tmp_path / "ckpt"
     with pytest.raises(FloatingPointError, match=r"non-finite .* at step \d+") as error:
         cli(
@@ -66,8 +72,55 @@ def test_a_diverging_run_never_writes_or_names_a_non_finite_checkpoint(tmp_path)
     assert saved, "the finite checkpoints written before the divergence must survive"
     for path in saved:
         assert non_finite_tensors(path) == [], path
-    named = str(error.value).split("Last good checkpoint: ")[1].split(". ")[0]
-    assert Path(named).is_file() and non_finite_tensors(named) == []
+    message = str(error.value)
+    named, step = re.search(r"Resume from the checkpoint before the newest, (\S+) \(step (\d+)\)", message).groups()
+    newest = re.search(r"; the newest, (\S+) \(step (\d+)\)", message).groups()
+    assert named == str(folder / "previous-last.ckpt") and newest[0] == str(folder / "last.ckpt")
+    assert int(step) < int(newest[1]) == torch.load(newest[0], weights_only=True)["global_step"]
+    assert torch.load(named, weights_only=True)["global_step"] == int(step)
+    # The free-space check at fit start does not underestimate what a save writes.
+    assert Path(newest[0]).stat().st_size <= estimated_checkpoint_bytes(IJEPA(**TINY_MODEL))
+
+    # The named checkpoint, resumed at the config's own lr, trains on to finite weights.
+    resumed = cli(
+        "fit",
+        "--config",
+        CONFIG,
+        "--config",
+        every_step_config(tmp_path, tmp_path / "resumed"),
+        f"--ckpt_path={named}",
+        "--model.lr=2e-3",
+        f"--trainer.max_steps={int(step) + 3}",
+        "--trainer.check_val_every_n_epoch=100",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
+    assert resumed.trainer.global_step == int(step) + 3
+    end = resumed.trainer.checkpoint_callback.last_model_path
+    assert torch.load(end, weights_only=True)["global_step"] == int(step) + 3 and non_finite_tensors(end) == []
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_at_load_naming_the_file_and_tensors(tmp_path):
+    model = IJEPA(**TINY_MODEL)
+    state = model.state_dict()
+    state["predictor.mask_token"] = torch.full_like(state["predictor.mask_token"], float("nan"))
+    state["encoder.patch_embed.proj.weight"][0, 0, 0, 0] = float("inf")
+    path = tmp_path / "nan.ckpt"
+    torch.save(
+        {"state_dict": state, "hyper_parameters": dict(model.hparams), "pytorch-lightning_version": L.__version__},
+        path,
+    )
+    for command in ("validate", "fit"):
+        with pytest.raises(ValueError, match=rf"^ckpt_path='{path}' holds non-finite weights \(2 tensors") as error:
+            cli(
+                command,
+                "--config",
+                CONFIG,
+                f"--ckpt_path={path}",
+                f"--trainer.default_root_dir={tmp_path}",
+                "--data.source.init_args={train_size: 64, val_size: 32}",
+            )
+        assert "encoder.patch_embed.proj.weight, predictor.mask_token" in str(error.value)
+    assert not list(tmp_path.rglob("*.ckpt*"))[1:]  # nothing trained, nothing saved: only nan.ckpt
 
 
 def test_a_checkpoint_with_non_finite_weights_is_refused_and_the_previous_one_kept(tmp_path):
@@ -234,3 +287,73 @@ def test_partial_files_of_an_interrupted_save_are_removed_with_a_message(tmp_pat
             "--trainer.check_val_every_n_epoch=100",
         )
     assert not stale.exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path, monkeypatch):
+    """A 1 MB folder: a real tmpfs where this process may mount one (root), else the same folder
+    with ``shutil.disk_usage`` reporting 1 MB free there."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mounted = os.geteuid() == 0 and (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True).returncode
+        == 0
+    )
+    if not mounted:
+        import shutil
+
+        real = shutil.disk_usage
+
+        def disk_usage(path):
+            usage = real(path)
+            return usage._replace(free=2**20) if Path(path).resolve().is_relative_to(folder) else usage
+
+        monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    yield folder
+    if mounted:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_disk_without_room_for_the_checkpoints_is_refused_before_any_training(tmp_path, small_disk):
+    size = estimated_checkpoint_bytes(IJEPA(**TINY_MODEL))
+    # save_top_k=1, last.ckpt, previous-last.ckpt and a save's temporary: 4 files of about 0.67 MB
+    needed = rf"{format_bytes(4 * size)} needed \(4 files of about {format_bytes(size)}: save_top_k=1, last\.ckpt"
+    with pytest.raises(
+        OSError, match=rf"^not enough free space for checkpoints in {small_disk}/ckpt: .* free \(\d+ bytes\), {needed}"
+    ):
+        cli(
+            "fit",
+            "--config",
+            CONFIG,
+            "--config",
+            every_step_config(tmp_path, small_disk / "ckpt"),
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.max_steps=2",
+        )
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_a_save_that_runs_out_of_space_names_the_folder_and_the_size_needed(tmp_path, monkeypatch):
+    import errno
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    folder = tmp_path / "ckpt"
+    with pytest.raises(
+        OSError,
+        match=rf"^could not write the checkpoint {folder}/.*\.ckpt \(OSError: .*No space left on device\): it needs about [\d.]+ kB and {folder} has .* free",
+    ):
+        cli(
+            "fit",
+            "--config",
+            CONFIG,
+            "--config",
+            every_step_config(tmp_path, folder),
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.max_steps=1",
+            "--trainer.check_val_every_n_epoch=100",
+        )
+    assert list(folder.iterdir()) == []  # the temporary file is gone

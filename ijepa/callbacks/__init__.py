@@ -5,6 +5,7 @@ from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionC
 from ijepa.callbacks.collapse import CollapseMonitor, feature_std, rankme
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
 from ijepa.callbacks.features import FeatureWriter
+from ijepa.callbacks.final_checkpoint import FinalCheckpoint
 from ijepa.callbacks.jepa_images import JEPAImages, position_loss_map
 from ijepa.callbacks.knn import KNNProbe, knn_scores
 from ijepa.callbacks.linear import LinearProbe, train_linear_classifier
@@ -19,6 +20,7 @@ __all__ = [
     "CollapseMonitor",
     "EMATargetUpdate",
     "FeatureWriter",
+    "FinalCheckpoint",
     "JEPAImages",
     "KNNProbe",
     "LinearProbe",

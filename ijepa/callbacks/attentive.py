@@ -12,6 +12,7 @@ from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from ijepa.callbacks.probe import Probe
+from ijepa.nn.checks import check_range
 
 
 class AttentivePooler(nn.Module):
@@ -104,12 +105,9 @@ class AttentiveProbe(Probe):
     ):
         super().__init__(every_n_epochs=every_n_epochs, encoder=encoder, probe_at_start=probe_at_start)
         for name, value in (("num_heads", num_heads), ("steps", steps), ("batch_size", batch_size)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}.")
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}.")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
+            check_range(value, name, 1)
+        check_range(lr, "lr", 0, low_open=True)
+        check_range(weight_decay, "weight_decay", 0)
         self.num_heads, self.steps, self.batch_size = num_heads, steps, batch_size
         self.lr, self.weight_decay, self.seed = lr, weight_decay, seed
 

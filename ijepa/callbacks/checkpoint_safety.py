@@ -1,10 +1,12 @@
-"""Checkpoint safety around a run: a writable folder before any work, a checkpoint on SIGTERM.
+"""Checkpoint safety around a run: a writable folder with room before any work, a checkpoint on SIGTERM.
 
 Both are on in every ``ijepa`` CLI run (``checkpoint_folder`` and ``preemption`` in the config).
 """
 
 from __future__ import annotations
 
+import shutil
+from collections import defaultdict
 from pathlib import Path
 
 import lightning as L
@@ -12,22 +14,32 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from ijepa.checkpoint import stale_temporaries
+from ijepa.checkpoint import AtomicCheckpointIO, estimated_checkpoint_bytes, format_bytes, stale_temporaries
 
 
 class CheckpointFolderCheck(Callback):
     """Before ``fit`` trains anything: every ``ModelCheckpoint`` folder exists and can be written
     (else ``OSError`` naming it, instead of a failure at the first save, after the work), and
     partial files left there, or beside ``ckpt_path``, by an interrupted save are removed with a
-    warning. Rank 0 checks (it writes the checkpoints) and every rank raises the same error."""
+    warning. Rank 0 checks (it writes the checkpoints) and every rank raises the same error.
+
+    With ``check_free_space`` each folder must also have room for the files its callbacks may
+    keep at once: ``save_top_k`` (at least one), ``last.ckpt`` and the ``previous-last.ckpt``
+    that :class:`~ijepa.checkpoint.AtomicCheckpointIO` keeps, plus the temporary file of the save
+    in progress, each of :func:`~ijepa.checkpoint.estimated_checkpoint_bytes` (or of ``ckpt_path``
+    if larger). Turn it off for filesystems whose free space is not what limits writes (quotas)."""
+
+    def __init__(self, check_free_space: bool = True):
+        self.check_free_space = check_free_space
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         problem = None
         if trainer.is_global_zero:
-            folders = [
-                Path(c.dirpath) for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath
-            ]
+            callbacks = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+            folders = [Path(c.dirpath) for c in callbacks]
             problem = next(filter(None, map(_unwritable, folders)), None)
+            if problem is None and self.check_free_space:
+                problem = _too_little_space(trainer, pl_module, callbacks)
             if problem is None:
                 folders += [Path(trainer.ckpt_path).parent] if trainer.ckpt_path else []
                 for path in {p for folder in folders for p in stale_temporaries(folder)}:
@@ -49,6 +61,35 @@ def _unwritable(folder: Path) -> str | None:
             f"cannot write checkpoints to {folder} ({type(error).__name__}: {error}); point "
             f"trainer.default_root_dir (or the ModelCheckpoint's dirpath) at a writable folder."
         )
+    return None
+
+
+def _too_little_space(trainer: L.Trainer, pl_module: L.LightningModule, callbacks: list[ModelCheckpoint]) -> str | None:
+    size = estimated_checkpoint_bytes(pl_module)
+    if trainer.ckpt_path and Path(trainer.ckpt_path).is_file():
+        size = max(size, Path(trainer.ckpt_path).stat().st_size)
+    io = trainer.strategy.checkpoint_io
+    keeps_previous = isinstance(io, AtomicCheckpointIO) and io.keep_previous
+    files: dict[Path, list[str]] = defaultdict(list)
+    for callback in callbacks:
+        kept = files[Path(callback.dirpath)]
+        if callback.save_top_k != 0:
+            # save_top_k=-1 keeps every one: the check can only ask for room for the first
+            kept += [f"save_top_k={callback.save_top_k}"] * max(callback.save_top_k, 1)
+        if callback.save_last:
+            kept += ["last.ckpt"] + (["previous-last.ckpt"] * keeps_previous)
+    for folder, kept in files.items():
+        count = len(kept) + 1  # the temporary file of the save in progress
+        free = shutil.disk_usage(folder).free
+        if free < count * size:
+            kinds = ", ".join(dict.fromkeys(kept))
+            return (
+                f"not enough free space for checkpoints in {folder}: {format_bytes(free)} free ({free} bytes), "
+                f"{format_bytes(count * size)} needed ({count} files of about {format_bytes(size)}: {kinds}, and the "
+                "temporary file of a save); free space there, point trainer.default_root_dir (or the "
+                "ModelCheckpoint's dirpath) at a larger disk, or lower save_top_k. "
+                "(checkpoint_folder.check_free_space=false skips this check.)"
+            )
     return None
 
 

@@ -6,6 +6,8 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from ijepa.nn.checks import check_range
+
 
 def feature_std(features: torch.Tensor) -> torch.Tensor:
     """Mean over channels of the per-channel standard deviation across samples, ``[N, D] -> []``.
@@ -50,14 +52,10 @@ class CollapseMonitor(L.Callback):
         max_samples: int = 4096,
         at_start: bool = True,
     ):
-        if std_threshold < 0 or rankme_threshold < 0:
-            raise ValueError(
-                f"thresholds must be >= 0, got std_threshold={std_threshold}, rankme_threshold={rankme_threshold}."
-            )
-        if not 0.0 <= rankme_fraction <= 1.0:
-            raise ValueError(f"rankme_fraction must be in [0, 1], got {rankme_fraction}.")
-        if max_samples < 2:
-            raise ValueError(f"max_samples must be >= 2, got {max_samples}.")
+        check_range(std_threshold, "std_threshold", 0)
+        check_range(rankme_threshold, "rankme_threshold", 0)
+        check_range(rankme_fraction, "rankme_fraction", 0, 1)
+        check_range(max_samples, "max_samples", 2)
         self.std_threshold = std_threshold
         self.rankme_threshold = rankme_threshold
         self.rankme_fraction = rankme_fraction

@@ -6,6 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ijepa.nn.checks import check_range
 from ijepa.nn.sharding import check_sharded_alike, local_shards
 from ijepa.schedules import linear_schedule
 
@@ -34,8 +35,7 @@ class EMATargetUpdate(Callback):
 
     def __init__(self, momentum: float = 0.996, final_momentum: float = 1.0):
         for name, value in (("momentum", momentum), ("final_momentum", final_momentum)):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {value}.")
+            check_range(value, name, 0, 1)
         self.momentum = momentum
         self.final_momentum = final_momentum
         self._last_step: int | None = None

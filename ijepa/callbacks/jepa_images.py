@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import make_grid
 
 from ijepa.data.transforms import unnormalize
+from ijepa.nn.checks import check_range
 from ijepa.nn.sharding import gathered
 from ijepa.pictures import clip_mask_overlay, heat_map, mask_overlay
 
@@ -50,8 +51,7 @@ class JEPAImages(Callback):
     """
 
     def __init__(self, num_images: int = 8):
-        if num_images < 1:
-            raise ValueError(f"num_images must be >= 1, got {num_images}.")
+        check_range(num_images, "num_images", 1)
         self.num_images = num_images
         self._batch: dict[str, torch.Tensor] | None = None
 

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
 from ijepa.callbacks.probe import Probe
+from ijepa.nn.checks import check_range
 
 
 def knn_scores(
@@ -62,10 +63,8 @@ class KNNProbe(Probe):
         probe_at_start: bool = True,
     ):
         super().__init__(every_n_epochs=every_n_epochs, encoder=encoder, probe_at_start=probe_at_start)
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}.")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}.")
+        check_range(k, "k", 1)
+        check_range(temperature, "temperature", 0, low_open=True)
         self.k = k
         self.temperature = temperature
 

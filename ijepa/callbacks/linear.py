@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
 from ijepa.callbacks.probe import Probe
+from ijepa.nn.checks import check_range
 
 
 def train_linear_classifier(
@@ -80,12 +81,9 @@ class LinearProbe(Probe):
         probe_at_start: bool = True,
     ):
         super().__init__(every_n_epochs=every_n_epochs, encoder=encoder, probe_at_start=probe_at_start)
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
-        if max_iter < 1:
-            raise ValueError(f"max_iter must be >= 1, got {max_iter}.")
-        if last_blocks < 1:
-            raise ValueError(f"last_blocks must be >= 1 (and at most the encoder depth), got {last_blocks}.")
+        check_range(weight_decay, "weight_decay", 0)
+        check_range(max_iter, "max_iter", 1)
+        check_range(last_blocks, "last_blocks", 1)  # its upper end, the encoder depth, is checked at setup
         self.weight_decay = weight_decay
         self.max_iter = max_iter
         self.last_blocks = last_blocks

@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
+from ijepa.nn.checks import check_range
 from ijepa.nn.sharding import tensor_sums
 
 ENCODERS = ("target", "online")
@@ -148,8 +149,7 @@ class Probe(Callback):
     _skip_warned = False  # set on an instance once it has decided to skip
 
     def __init__(self, every_n_epochs: int = 1, encoder: str = "target", probe_at_start: bool = True):
-        if every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}.")
+        check_range(every_n_epochs, "every_n_epochs", 1)
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be 'target' or 'online', got {encoder!r}.")
         self.every_n_epochs = every_n_epochs

@@ -22,6 +22,7 @@ from ijepa.data.sampling import (
 from ijepa.data.sources import DataSource, SplitSettings, STL10Source
 from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ijepa.masks import MultiBlockMaskSampler, SpatioTemporalMaskSampler
+from ijepa.nn.checks import check_range
 from ijepa.nn.patch import grid_size
 
 
@@ -129,15 +130,22 @@ class IJEPADataModule(L.LightningDataModule):
     ):
         super().__init__()
         source = STL10Source() if source is None else source
-        for name, value in (("batch_size", batch_size), ("knn_batch_size", knn_batch_size)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}.")
-        if masks_per_image < 1:
-            raise ValueError(f"masks_per_image must be >= 1, got {masks_per_image}.")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}.")
-        if crop_scale is not None and not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
+        # Every numeric option is checked here, before any data is read; the image and patch
+        # size by grid_size, the mask shapes by the mask sampler, the native-resolution options
+        # by PackedMaskCollator, below. data.seed takes any int.
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("knn_batch_size", knn_batch_size, 1),
+            ("masks_per_image", masks_per_image, 1),
+            ("num_workers", num_workers, 0),
+            ("num_frames", num_frames, 0),
+            ("tubelet_size", tubelet_size, 1),
+        ):
+            check_range(value, name, low)
+        if crop_scale is not None and (len(crop_scale) != 2 or not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0):
             raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, or null; got {crop_scale}.")
+        if len(temporal_scale) != 2 or not 0.0 < temporal_scale[0] <= temporal_scale[1] <= 1.0:
+            raise ValueError(f"temporal_scale must be (min, max) with 0 < min <= max <= 1, got {temporal_scale}.")
         for name, value in (("source", source), ("probe_source", probe_source)):
             if value is not None and not isinstance(value, DataSource):
                 raise TypeError(f"data.{name} must be a DataSource (ijepa.data.sources), got {type(value).__name__}.")
@@ -350,10 +358,9 @@ class IJEPADataModule(L.LightningDataModule):
         ``seed_everything`` (the same on every DDP rank)."""
         return mix_seed(self.hparams.seed, int(os.environ.get("PL_GLOBAL_SEED", 0)))
 
-    def _progress(self) -> tuple[int, int]:
-        # (epoch, batches of it trained so far), what a checkpoint written now has seen.
-        loop = self.trainer.fit_loop
-        return loop.epoch_progress.current.completed, loop.epoch_loop.batch_progress.current.processed
+    def _progress(self) -> int:
+        # Batches of the current epoch trained so far, what a checkpoint written now has seen.
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
     def train_dataloader(self) -> DataLoader:
         """Masked pretraining batches; order, augmentation and masks are functions of

@@ -75,6 +75,35 @@ def object_range(num_objects) -> tuple[int, int]:
     return values
 
 
+def check_clip_options(
+    num_directions: int,
+    speed: tuple[float, float],
+    radius: tuple[float, float],
+    background: str,
+    num_objects,
+    label: str,
+    fps: float | None,
+    directions_name: str = "num_directions",
+) -> None:
+    """The checks of the options a :class:`MovingShapesClips` and its source
+    (:class:`ijepa.data.sources.MovingShapesSource`, whose option is ``directions``) share, so the
+    source refuses them when built (the upper bound of ``speed`` depends on the image size and is
+    checked with the clips)."""
+    if num_directions not in (4, 8):
+        raise ValueError(f"{directions_name} must be 4 or 8, got {num_directions}.")
+    if len(speed) != 2 or not 0 < speed[0] <= speed[1] < math.inf:
+        raise ValueError(f"speed must be (min, max) pixels per frame with 0 < min <= max, got {speed}.")
+    if len(radius) != 2 or not 0 < radius[0] <= radius[1] <= 0.5:
+        raise ValueError(f"radius must be (min, max) with 0 < min <= max <= 0.5, got {radius}.")
+    if background not in BACKGROUNDS:
+        raise ValueError(f"background must be one of {BACKGROUNDS}, got {background!r}.")
+    object_range(num_objects)
+    if label not in LABELS:
+        raise ValueError(f"label must be one of {LABELS}, got {label!r}.")
+    if fps is not None and not 0 < fps < math.inf:
+        raise ValueError(f"fps must be > 0 or None, got {fps}.")
+
+
 class MovingShapesClips(Dataset):
     """``num_samples`` clips of ``num_frames`` frames at ``image_size`` px; label = direction (or shape).
 
@@ -125,24 +154,15 @@ class MovingShapesClips(Dataset):
             raise ValueError(f"image_size must be >= 8 pixels, got {image_size}.")
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}.")
-        if num_directions not in (4, 8):
-            raise ValueError(f"num_directions must be 4 or 8, got {num_directions}.")
-        if not 0 < speed[0] <= speed[1] < image_size / 2:
+        check_clip_options(num_directions, speed, radius, background, num_objects, label, fps)
+        if not speed[1] < image_size / 2:
             raise ValueError(
                 f"speed must be (min, max) pixels per frame with 0 < min <= max < image_size / 2, got {speed}."
             )
-        if not 0 < radius[0] <= radius[1] <= 0.5:
-            raise ValueError(f"radius must be (min, max) with 0 < min <= max <= 0.5, got {radius}.")
-        if background not in BACKGROUNDS:
-            raise ValueError(f"background must be one of {BACKGROUNDS}, got {background!r}.")
         self.num_samples, self.num_frames, self.image_size = num_samples, num_frames, image_size
         self.split, self.seed, self.num_directions = split, seed, num_directions
         self.speed, self.radius, self.transform = tuple(speed), tuple(radius), transform
-        if fps is not None and not fps > 0:
-            raise ValueError(f"fps must be > 0 or None, got {fps}.")
         self.object_range = object_range(num_objects)
-        if label not in LABELS:
-            raise ValueError(f"label must be one of {LABELS}, got {label!r}.")
         self.background, self.fps, self.num_objects, self.label = background, fps, num_objects, label
         self.directions = DIRECTIONS[:: 8 // num_directions]
         if label == "direction":

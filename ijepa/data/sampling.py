@@ -73,17 +73,20 @@ class ResumableDataLoader(DataLoader):
     """A ``DataLoader`` over an :class:`EpochSampler` whose position Lightning saves in the
     checkpoint (``state_dict``) and restores before iterating (``load_state_dict``).
 
-    ``progress()`` returns ``(epoch, batches trained in that epoch)``, read from the trainer at
-    save time: the loader's own count would be ahead by the batches Lightning prefetches.
+    The position is ``(epoch, batches of it trained)``: the epoch is the sampler's, the one the
+    batches are drawn from, and ``progress()`` returns the batches trained, read from the trainer
+    at save time (the loader's own count would be ahead by the batches Lightning prefetches).
+    Lightning's epoch counter would not do: at the end of a run stopped by ``max_steps``
+    mid-epoch it counts that epoch as completed, though only some of its batches were trained.
     """
 
-    def __init__(self, *args, progress: Callable[[], tuple[int, int]] | None = None, **kwargs):
+    def __init__(self, *args, progress: Callable[[], int] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.progress = progress
 
     def state_dict(self) -> dict[str, int]:
-        epoch, batches = self.progress() if self.progress is not None else (self.sampler.epoch, 0)
-        return {"epoch": int(epoch), "batches": int(batches)}
+        batches = self.progress() if self.progress is not None else 0
+        return {"epoch": int(self.sampler.epoch), "batches": int(batches)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.sampler.resume(state["epoch"], state["batches"])

@@ -375,6 +375,19 @@ def _check_int(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+def check_shape_options(background: str, num_objects: tuple[int, int], radius: tuple[float, float]) -> None:
+    """The checks of the options a :class:`ShapesDataset` and its source
+    (:class:`ijepa.data.sources.ShapesSource`) share, so the source refuses them when built."""
+    _check_choice("background", background, BACKGROUNDS)
+    if len(num_objects) != 2 or not 1 <= num_objects[0] <= num_objects[1] <= _MAX_OBJECTS:
+        raise ValueError(
+            f"num_objects must be (min, max) with 1 <= min <= max <= {_MAX_OBJECTS}, got {tuple(num_objects)}"
+        )
+    # `not a <= b` also refuses NaN
+    if len(radius) != 2 or not 0.0 < radius[0] <= radius[1] <= 0.5:
+        raise ValueError(f"radius must be (min, max) with 0 < min <= max <= 0.5, got {tuple(radius)}")
+
+
 class ShapesDataset(Dataset):
     """Labelled images of one random geometric shape each, rendered procedurally.
 
@@ -416,15 +429,9 @@ class ShapesDataset(Dataset):
         _check_int("num_samples", num_samples, 1)
         _check_int("image_size", image_size, 8)
         _check_choice("split", split, SPLITS)
-        _check_choice("background", background, BACKGROUNDS)
+        check_shape_options(background, num_objects, radius)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
-        if len(num_objects) != 2 or not 1 <= num_objects[0] <= num_objects[1] <= _MAX_OBJECTS:
-            raise ValueError(
-                f"num_objects must be (min, max) with 1 <= min <= max <= {_MAX_OBJECTS}, got {tuple(num_objects)}"
-            )
-        if len(radius) != 2 or not 0.0 < radius[0] <= radius[1] <= 0.5:
-            raise ValueError(f"radius must be (min, max) with 0 < min <= max <= 0.5, got {tuple(radius)}")
         self.num_objects = (int(num_objects[0]), int(num_objects[1]))
         self.radius = (float(radius[0]), float(radius[1]))
         self.num_samples = num_samples

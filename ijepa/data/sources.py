@@ -19,6 +19,7 @@ A new data set is one :class:`DataSource` subclass; the DataModule does not chan
 
 from __future__ import annotations
 
+import abc
 import copy
 import importlib
 from collections.abc import Callable
@@ -28,11 +29,12 @@ from pathlib import Path
 from torch.utils.data import Dataset, Subset
 
 from ijepa.data.imagefolder import BAD_IMAGE_POLICIES, RobustImageFolder
-from ijepa.data.moving_shapes import MovingShapesClips
-from ijepa.data.shapes import ShapesDataset
+from ijepa.data.moving_shapes import MovingShapesClips, check_clip_options
+from ijepa.data.shapes import ShapesDataset, check_shape_options
 from ijepa.data.stl10 import STL10
 from ijepa.data.transforms import ClipToTensor
 from ijepa.data.video_folder import VideoFolderClips
+from ijepa.nn.checks import check_range
 
 SPLIT_NAMES = ("pretrain", "val", "knn_train", "knn_test")
 
@@ -89,27 +91,29 @@ def holdout_split(labels: list[int], fraction: float) -> tuple[list[int], list[i
 
 
 def check_fraction(value: float, name: str) -> None:
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value}.")
+    check_range(value, name, 0, 1, low_open=True, high_open=True)
 
 
 def check_count(value: int, name: str, low: int = 1) -> None:
-    if int(value) != value or value < low:
+    check_range(value, name, low)
+    if int(value) != value:
         raise ValueError(f"{name} must be an integer >= {low}, got {value}.")
 
 
-class DataSource:
+class DataSource(abc.ABC):
     """Base class of the data sources. Subclasses set ``clips`` (True for sources of clips
-    ``[T, C, H, W]``, which need ``data.num_frames > 0``) and implement :meth:`splits`."""
+    ``[T, C, H, W]``, which need ``data.num_frames > 0``) and implement :meth:`splits`.
+    Abstract, so that the sources the CLI lists (help, a mistyped ``data.source``) are the
+    usable ones: every subclass imported so far, never a fixed list."""
 
     clips: bool = False
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027  (optional: most sources have nothing to prepare)
         """Download or otherwise prepare the data once per node (``prepare_data``)."""
 
+    @abc.abstractmethod
     def splits(self, settings: SplitSettings) -> Splits:
         """The four datasets at ``settings.image_size`` with the given transforms."""
-        raise NotImplementedError(f"{type(self).__name__} must implement splits()")
 
     def config(self) -> dict:
         """``{"class_path", "init_args"}``: plain values that rebuild this source
@@ -288,6 +292,7 @@ class ShapesSource(DataSource):
     ):
         check_count(train_size, "train_size")
         check_count(val_size, "val_size")
+        check_shape_options(background, num_objects, radius)
         self.train_size = train_size
         self.val_size = val_size
         self.background = background
@@ -351,8 +356,7 @@ class MovingShapesSource(DataSource):
     ):
         check_count(train_size, "train_size")
         check_count(val_size, "val_size")
-        if fps is not None and not fps > 0:
-            raise ValueError(f"fps must be > 0 frames per second, or null; got {fps}.")
+        check_clip_options(directions, speed, radius, background, num_objects, label, fps, "directions")
         self.train_size = train_size
         self.val_size = val_size
         self.directions = directions
@@ -408,8 +412,8 @@ class VideoFolderSource(DataSource):
     def __init__(
         self, root: str = "data", fps: float | None = None, frame_stride: int = 1, holdout_fraction: float = 0.2
     ):
-        if fps is not None and not fps > 0:
-            raise ValueError(f"fps must be > 0 frames per second, or null; got {fps}.")
+        if fps is not None:
+            check_range(fps, "fps", 0, low_open=True)
         check_count(frame_stride, "frame_stride")
         check_fraction(holdout_fraction, "holdout_fraction")
         self.root = root

@@ -8,6 +8,7 @@ come from a validated sampler may switch them off with :func:`index_checks`.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import torch
@@ -37,7 +38,8 @@ def check_indices(indices: torch.Tensor, num_positions: int, name: str = "indice
         raise ValueError(f"{name} must have shape [B, K], got {tuple(indices.shape)}.")
     if indices.dtype.is_floating_point or indices.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got dtype {indices.dtype}.")
-    if _INDEX_CHECKS and indices.numel() > 0:
+    # torch.export cannot trace a host sync on values: exported programs run without this check.
+    if _INDEX_CHECKS and indices.numel() > 0 and not torch.compiler.is_exporting():
         low, high = int(indices.min()), int(indices.max())
         if low < 0 or high >= num_positions:
             raise ValueError(
@@ -48,5 +50,32 @@ def check_indices(indices: torch.Tensor, num_positions: int, name: str = "indice
 
 def check_positive(value: int | float, name: str) -> None:
     """Raise ValueError unless ``value`` is > 0."""
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}.")
+    check_range(value, name, 0, low_open=True)
+
+
+def check_range(
+    value: int | float,
+    name: str,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
+    """Raise ValueError naming ``name`` and its range unless ``value`` is a finite number from
+    ``low`` to ``high`` (an end excluded when ``*_open``, none where None): the check of every
+    numeric option, e.g. ``drop_path_rate must be in [0, 1), got 1.5.``. NaN and infinity fail
+    every range (a comparison with NaN is always false, so a bare ``value < 0`` lets it through)."""
+    above = low is None or (value > low if low_open else value >= low)
+    below = high is None or (value < high if high_open else value <= high)
+    if math.isfinite(value) and above and below:
+        return
+    if low is not None and high is not None:
+        expected = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    elif low is not None:
+        expected = f"{'>' if low_open else '>='} {low}"
+    elif high is not None:
+        expected = f"{'<' if high_open else '<='} {high}"
+    else:
+        expected = "finite"
+    raise ValueError(f"{name} must be {expected}, got {value}.")
