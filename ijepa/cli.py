@@ -6,19 +6,14 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
-import os
-import re
 import signal
 import sys
-import typing
 from pathlib import Path
 
-import lightning as L
 import torch
 import yaml
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
@@ -28,6 +23,7 @@ from ijepa.callbacks.final_checkpoint import FinalCheckpoint
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.interop import convert
 from ijepa.module import IJEPA
+from ijepa.option_errors import CLASS_KEYS, HeldBack, IJEPAArgumentParser, OptionError, built_class, innermost_error
 from ijepa.strategy import FSDP2Strategy  # noqa: F401  (importing it registers trainer.strategy: fsdp2)
 
 # (source, target): the target is set from the source and cannot be set itself. The image size
@@ -41,131 +37,6 @@ LINKS = (
 )
 
 
-class OptionError(ValueError):
-    """An option the run sets is out of its range or not one of its choices; the message's first
-    line names it (``trainer.callbacks: KNNProbe: k must be >= 1, got 0.``). ``ijepa`` prints it
-    without a traceback and exits with status 2, as for a parse error."""
-
-
-class IJEPAArgumentParser(LightningArgumentParser):
-    """Lightning's parser, whose errors start with the option and the reason.
-
-    jsonargparse reports a bad value under the union of types it tried, the value given and the
-    usage of every option (about 150 lines): the reason, nested a few levels down, ended up far
-    from both ends of the output. Here the first line is ``error: <option>: <reason>``, with the
-    known classes when a class path does not resolve; jsonargparse's message follows, without
-    the usage."""
-
-    def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
-        parser = getattr(ex, "subcommand_parser", None) or self
-        headline = parse_error_headline(parser, message, ex)
-        if headline:
-            message = f"{headline}\n{message}"
-        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
-            super().error(message, ex)  # raises
-        prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"error: {message}\ntip: `{prog} --help` lists the options.\n")
-        sys.exit(2)
-
-
-def parse_error_headline(parser, message: str, ex: Exception | None) -> str | None:
-    """``<key>: <innermost reason>`` of a jsonargparse parse error (None if it names no key), plus
-    the classes the key accepts when the reason is a class path that does not resolve."""
-    match = re.match(r'Parser key "([^"]+)"', message)
-    if match is None or ex is None:
-        return None
-    key, reason = match.group(1), innermost_error(ex)
-    headline = f"{key}: {first_line(reason)}"
-    action = next((a for a in parser._actions if a.dest == key), None)
-    if isinstance(reason, (ImportError, AttributeError)) or "import path" in str(reason):
-        classes = known_classes(getattr(action, "_typehint", None))
-        if classes:
-            headline += f". Choose one of (a class path, or its name alone): {', '.join(classes)}"
-    return headline
-
-
-def innermost_error(error: BaseException) -> BaseException:
-    """The error under those jsonargparse wraps it in: a class's own ValueError, an import error."""
-    while (inner := error.__cause__ or error.__context__) is not None and _raised_by_jsonargparse(error):
-        error = inner
-    return error
-
-
-def _raised_by_jsonargparse(error: BaseException) -> bool:
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("jsonargparse")
-
-
-def first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
-
-
-def known_classes(typehint) -> list[str]:
-    """Class paths of the concrete subclasses (loaded so far) of the classes in ``typehint``,
-    e.g. every data source for ``DataSource | None``, by their shortest import path."""
-    found: list[type] = []
-
-    def add(cls: type) -> None:
-        if cls not in found and not inspect.isabstract(cls) and "<locals>" not in cls.__qualname__:
-            found.append(cls)
-        for subclass in cls.__subclasses__():
-            add(subclass)
-
-    pending = [typehint]
-    while pending:
-        hint = pending.pop()
-        if inspect.isclass(hint) and hint is not type(None):
-            add(hint)
-        pending.extend(typing.get_args(hint))
-    paths = [_import_path(cls) for cls in found]
-    return [path for path in paths if not any(part.startswith("_") for part in path.split("."))]  # public only
-
-
-def _import_path(cls: type) -> str:
-    parts = cls.__module__.split(".")
-    for end in range(1, len(parts) + 1):  # ijepa.data.ShapesSource rather than ijepa.data.sources.ShapesSource
-        module = sys.modules.get(".".join(parts[:end]))
-        if module is not None and getattr(module, cls.__name__, None) is cls:
-            return f"{module.__name__}.{cls.__name__}"
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _built_class(error: BaseException) -> type | None:
-    """The class whose constructor raised ``error``: the outermost ``__init__`` in its traceback."""
-    tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_name == "__init__" and "self" in tb.tb_frame.f_locals:
-            return type(tb.tb_frame.f_locals["self"])
-        tb = tb.tb_next
-    return None
-
-
-class _HeldBack(logging.Filter):
-    """Holds a logger's records until :meth:`release` (which drops them unless ``emit``)."""
-
-    def __init__(self, logger: logging.Logger):
-        super().__init__()
-        self.logger, self.records = logger, []
-        logger.addFilter(self)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self.records.append(record)
-        return False
-
-    def release(self, emit: bool = True) -> None:
-        self.logger.removeFilter(self)
-        records, self.records = self.records, []
-        for record in records if emit else ():
-            self.logger.handle(record)
-
-
-# The config key of each class the CLI builds outside a class_path.
-CLASS_KEYS = ((L.LightningModule, "model"), (L.LightningDataModule, "data"), (L.Trainer, "trainer"))
-
-
 class IJEPACLI(LightningCLI):
     """LightningCLI whose model and data share one definition of the patch grid."""
 
@@ -173,7 +44,7 @@ class IJEPACLI(LightningCLI):
         kwargs.setdefault("parser_class", IJEPAArgumentParser)
         # Lightning logs "Seed set to N" before it builds the classes: held back until they are
         # built, so that an option a class refuses is the first line of the output.
-        self._seed_message = _HeldBack(logging.getLogger("lightning.fabric.utilities.seed"))
+        self._seed_message = HeldBack(logging.getLogger("lightning.fabric.utilities.seed"))
         try:
             super().__init__(*args, **kwargs)
         finally:
@@ -198,7 +69,7 @@ class IJEPACLI(LightningCLI):
         """``<config key>: [<class>: ]<the class's own message>``, then jsonargparse's report if
         it wrapped the error (trainer.callbacks and data.source are checked in a union of types)."""
         own = innermost_error(error)
-        cls = _built_class(own)
+        cls = built_class(own)
         label = None
         if cls is not None:
             label = next((key for base, key in CLASS_KEYS if issubclass(cls, base)), None)

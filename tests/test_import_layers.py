@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ijepa.module",),  # the LightningModule
     ("ijepa.interop",),  # other checkpoint formats, built on the module
     ("ijepa.callbacks",),
-    ("ijepa.cli", "ijepa.__main__"),
+    ("ijepa.cli", "ijepa.option_errors", "ijepa.__main__"),  # the command, and its errors that name the option
     ("ijepa.explore", "ijepa.studies", "ijepa.benchmark"),
     ("ijepa",),  # the package's own __init__
 ]
