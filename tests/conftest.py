@@ -6,6 +6,9 @@ the top level. ``pytest -m "not slow"`` skips the end-to-end runs (whole ``ijepa
 processes, notebooks) for a quick loop; CI runs everything.
 """
 
+import getpass
+import os
+import tempfile
 from pathlib import Path
 
 import lightning as L
@@ -16,6 +19,15 @@ from ijepa.callbacks import KNNProbe
 from ijepa.data import IJEPADataModule
 from ijepa.data.sources import ShapesSource
 from ijepa.module import IJEPA
+
+# torch.compile's on-disk cache is not keyed by ATen's CPU capability: kernels compiled under
+# ATEN_CPU_CAPABILITY=avx2 and loaded by a default (AVX-512) run aborted the process (and the
+# reverse raised "tuple args required"). One cache per capability, unless the user chose a
+# folder; importing Lightning has already set torch's default, so that is replaced here, and
+# subprocesses inherit it.
+_DEFAULT_CACHE = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+if os.environ.get("TORCHINDUCTOR_CACHE_DIR", _DEFAULT_CACHE) == _DEFAULT_CACHE:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{_DEFAULT_CACHE}_{torch.backends.cpu.get_cpu_capability()}"
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent  # the repository: configs/, docs/, ijepa/
