@@ -634,11 +634,6 @@ class IJEPA(L.LightningModule):
             steps.setdefault(int(step), path)  # last.ckpt first: it is the one a user resumes
         return sorted(steps.items(), reverse=True)
 
-    def last_good_checkpoint(self) -> str:
-        """The newest checkpoint of :meth:`saved_checkpoints`, or ``"none written yet"``."""
-        saved = self.saved_checkpoints()
-        return saved[0][1] if saved else "none written yet"
-
     def _resume_advice(self) -> str:
         saved = self.saved_checkpoints()
         if not saved:
