@@ -1,7 +1,8 @@
 """The ``ijepa`` command: a LightningCLI over :class:`IJEPA` and :class:`IJEPADataModule`.
 
 ``ijepa fit|validate|test|predict --config configs/<experiment>.yaml [--key value ...]``, and
-``ijepa convert SOURCE DESTINATION ckpt|official|hf|timm`` (:mod:`ijepa.interop.convert`).
+``ijepa convert SOURCE DESTINATION ckpt|official|hf|timm`` (:mod:`ijepa.interop.convert`), and
+``ijepa eval --config configs/eval/<protocol>.yaml --checkpoint PATH`` (:mod:`ijepa.evaluation.runner`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionC
 from ijepa.callbacks.features import FeatureWriter
 from ijepa.callbacks.final_checkpoint import FinalCheckpoint
 from ijepa.data.datamodule import IJEPADataModule
+from ijepa.evaluation import runner as evaluation
 from ijepa.interop import convert
 from ijepa.module import IJEPA
 from ijepa.option_errors import CLASS_KEYS, HeldBack, IJEPAArgumentParser, OptionError, built_class, innermost_error
@@ -248,10 +250,13 @@ def instantiate(config: str, overrides: list[str] | None = None):
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``ijepa`` console script and ``python -m ijepa``. A run stopped by
     SIGTERM exits with status 143 (128 + SIGTERM) after saving a checkpoint, so schedulers see a
-    failure and requeue (Lightning would exit 0). ``convert`` is its own small command."""
+    failure and requeue (Lightning would exit 0). ``convert`` and ``eval`` are commands of their own."""
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["convert"]:
         convert.main(argv[1:])
+        return
+    if argv[:1] == ["eval"]:
+        evaluation.main(argv[1:])
         return
     try:
         build_cli(args)

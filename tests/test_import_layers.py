@@ -23,7 +23,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("ijepa.module",),  # the LightningModule
     ("ijepa.interop",),  # other checkpoint formats, built on the module
     ("ijepa.callbacks",),
-    ("ijepa.cli", "ijepa.option_errors", "ijepa.__main__"),  # the command, and its errors that name the option
+    # the commands (fit & co, eval), and their errors that name the option
+    ("ijepa.cli", "ijepa.option_errors", "ijepa.evaluation", "ijepa.__main__"),
     ("ijepa.explore", "ijepa.studies", "ijepa.benchmark"),
     ("ijepa",),  # the package's own __init__
 ]

@@ -1,0 +1,31 @@
+"""``ijepa eval``: evaluation protocols a paper can cite, on a checkpoint's frozen encoder.
+
+Protocols (each chosen by ``class_path``, :mod:`ijepa.evaluation.protocols`): a grid of linear
+heads, V-JEPA's attentive probe, a logistic-regression sweep, k-NN, and low-shot. Features are
+cached per checkpoint (:mod:`ijepa.evaluation.features`); :class:`Evaluation` runs them.
+"""
+
+from ijepa.evaluation.data import EvalData
+from ijepa.evaluation.protocols import (
+    AttentiveProtocol,
+    KNNProtocol,
+    LinearProtocol,
+    LogRegProtocol,
+    LowShotProtocol,
+    Protocol,
+    protocol_kinds,
+)
+from ijepa.evaluation.runner import Evaluation, read_results
+
+__all__ = [
+    "AttentiveProtocol",
+    "EvalData",
+    "Evaluation",
+    "KNNProtocol",
+    "LinearProtocol",
+    "LogRegProtocol",
+    "LowShotProtocol",
+    "Protocol",
+    "protocol_kinds",
+    "read_results",
+]

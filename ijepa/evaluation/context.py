@@ -1,0 +1,146 @@
+"""What a protocol is given: the frozen encoder's features of the train and test splits, the
+validation split carved from the train labels, and batches of augmented training images.
+
+Every draw (validation split, batch order, augmentation) is a function of the evaluation's seed
+and, for batches, of ``(epoch, index)``, as in ``ijepa fit`` (:mod:`ijepa.data.sampling`), so a
+run on ``world`` processes sees the same global batches as a run on one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from lightning.fabric import Fabric
+from torch.utils.data import DataLoader, Subset
+
+from ijepa.data.sampling import EpochSampler, SeededSamples, mix_seed
+from ijepa.evaluation.data import EvalData, image_label_collate
+from ijepa.evaluation.encoders import FrozenEncoder
+from ijepa.evaluation.features import FeatureCache, encode, extract, gather_batches
+from ijepa.evaluation.splits import validation_split
+
+# mix_seed ignores trailing zeros: a tag per stream keeps the draws of one seed apart
+AUGMENT_STREAM, ORDER_STREAM = 1, 2
+
+
+@dataclass
+class EvalContext:
+    fabric: Fabric
+    encoder: FrozenEncoder
+    data: EvalData
+    cache: FeatureCache
+    size: int
+    seed: int
+    logged: dict = field(default_factory=dict)
+    _split: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def num_classes(self) -> int:
+        if self.data.num_classes is None:
+            self.features("train", "blocks", 1)
+        return self.data.num_classes
+
+    def features(self, split: str, kind: str = "blocks", last_blocks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(features, labels)`` of the whole ``train`` or ``test`` split (evaluation transform):
+        ``[N, last_blocks * D]`` block features or ``[N, K, D]`` tokens, ``[N]`` labels."""
+        entry = self._entry(split, kind, last_blocks)
+        return entry["features"], entry["labels"]
+
+    def _entry(self, split: str, kind: str, last_blocks: int) -> dict:
+        def make():
+            dataset = self.data.dataset(split, self.size)
+            return extract(
+                self.fabric, self.encoder, dataset, self.data.batch_size, self.data.num_workers, kind, last_blocks
+            )
+
+        if self.data.num_classes is None:
+            self.data.dataset(split, self.size)  # reads num_classes (and fails early on unlabelled data)
+        return self.cache.get(self.fabric, split, kind, last_blocks, make)
+
+    @property
+    def train_idx(self) -> torch.Tensor:
+        return self._validation()[0]
+
+    @property
+    def val_idx(self) -> torch.Tensor:
+        return self._validation()[1]
+
+    def _validation(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._split is None:
+            labels = self._entry("train", "blocks", 1)["labels"]
+            self._split = validation_split(labels, self.data.val_fraction, self.seed)
+        return self._split
+
+    def train_val(self, kind: str, last_blocks: int) -> tuple[torch.Tensor, ...]:
+        """``(x_train, y_train, x_val, y_val)``: the train split's features without and with only
+        its validation part."""
+        x, y = self.features("train", kind, last_blocks)
+        return x[self.train_idx], y[self.train_idx], x[self.val_idx], y[self.val_idx]
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        world = self.fabric.world_size
+        if batch_size % world:
+            raise ValueError(f"batch_size {batch_size} must be a multiple of the number of processes ({world}).")
+        steps = (len(self.train_idx) // world) // (batch_size // world)
+        if steps == 0:
+            raise ValueError(
+                f"batch_size {batch_size} is larger than the train split without its validation part "
+                f"({len(self.train_idx)} images)."
+            )
+        return steps
+
+    def cached_batches(
+        self, epoch: int, batch_size: int, x: torch.Tensor, y: torch.Tensor
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Shuffled global batches of cached features (the same on every process); the last,
+        partial batch is dropped."""
+        generator = torch.Generator().manual_seed(mix_seed(self.seed, ORDER_STREAM, epoch))
+        order = torch.randperm(len(y), generator=generator)
+        for step in range(self.steps_per_epoch(batch_size)):
+            rows = order[step * batch_size : (step + 1) * batch_size]
+            yield x[rows], y[rows]
+
+    def augmented_batches(
+        self, epoch: int, batch_size: int, kind: str, last_blocks: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Global batches of augmented training images (the validation part excluded), encoded
+        on the fly: each process encodes ``batch_size / world`` images and every process gets the
+        features of all of them, in the order one process would see."""
+        self.steps_per_epoch(batch_size)  # checks the batch size
+        fabric, world = self.fabric, self.fabric.world_size
+        positions = self._entry("train", "blocks", 1)["positions"][self.train_idx].tolist()
+        dataset = SeededSamples(
+            Subset(self.data.dataset("train", self.size, augment=True), positions), mix_seed(self.seed, AUGMENT_STREAM)
+        )
+        local = batch_size // world
+        sampler = EpochSampler(
+            dataset,
+            local,
+            num_replicas=world,
+            rank=fabric.global_rank,
+            seed=mix_seed(self.seed, AUGMENT_STREAM),
+            shuffle=True,
+            drop_last=True,
+        )
+        sampler.set_epoch(epoch)
+        loader = DataLoader(
+            dataset,
+            batch_size=local,
+            sampler=sampler,
+            num_workers=self.data.num_workers,
+            collate_fn=image_label_collate,
+            drop_last=True,
+        )
+        for batch in loader:
+            features = encode(fabric, self.encoder, batch["images"].to(fabric.device), kind, last_blocks)
+            labels = batch["labels"].to(fabric.device)
+            if kind == "blocks":
+                features = features.flatten(1)
+            yield gather_batches(fabric, features), gather_batches(fabric, labels)
+
+    def log(self, metrics: dict[str, float], step: int = 0) -> None:
+        """TensorBoard scalars (rank zero)."""
+        self.logged.update(metrics)
+        self.fabric.log_dict(metrics, step=step)

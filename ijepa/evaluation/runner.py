@@ -1,0 +1,196 @@
+"""``ijepa eval``: evaluate a checkpoint's frozen encoder with one or more protocols and write a
+results file per protocol.
+
+    ijepa eval --config configs/eval/linear.yaml --checkpoint lightning_logs/version_0/checkpoints/last.ckpt
+
+Processes, devices and precision come from Lightning Fabric (``--devices 2 --strategy ddp``,
+``--precision bf16-mixed``); under DDP every process encodes its share of each batch and every
+process trains the same heads on the gathered batch, so the scores equal a one-process run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from lightning.fabric import Fabric
+from lightning.fabric.loggers import TensorBoardLogger
+
+from ijepa.evaluation.context import EvalContext
+from ijepa.evaluation.data import EvalData
+from ijepa.evaluation.encoders import PIXELS, open_encoder
+from ijepa.evaluation.features import FeatureCache
+from ijepa.evaluation.protocols import Protocol
+from ijepa.interop.encoder import save_json
+from ijepa.option_errors import IJEPAArgumentParser
+
+RESULTS_VERSION = 1
+
+
+def default_output_dir(checkpoint: str) -> Path:
+    """``<run folder>/eval`` for a checkpoint in ``<run folder>/checkpoints/``, else ``eval/<name>``
+    next to the current folder."""
+    path = Path(checkpoint)
+    if checkpoint != PIXELS and path.parent.name == "checkpoints":
+        return path.parent.parent / "eval" / path.stem
+    return Path("eval") / (PIXELS if checkpoint == PIXELS else path.stem)
+
+
+class Evaluation:
+    """One ``ijepa eval`` run.
+
+    Args:
+        checkpoint: an ``ijepa fit`` checkpoint, a weights-only conversion, a Hugging Face
+            ``IJepaModel`` folder (``ijepa convert ... hf``), or ``pixels`` (raw pixels, a baseline).
+        protocols: the protocols to run, in order (each by ``class_path``, see ``configs/eval/``).
+        data: the labelled images (:class:`~ijepa.evaluation.data.EvalData`).
+        encoder: ``target`` (the EMA encoder, as the I-JEPA paper evaluates; default) or ``online``.
+        output_dir: where ``<protocol name>.json`` and the TensorBoard logs go; null:
+            ``<run folder>/eval/<checkpoint name>`` for a checkpoint of ``ijepa fit``.
+        cache_dir: where features are cached for the next evaluation of the same checkpoint;
+            null: ``<output_dir>/features``.
+        cache: false extracts every feature afresh and writes none.
+        pixel_patch_size: patch side of the pixel baseline's tokens (attentive probe).
+        accelerator, devices, num_nodes, strategy, precision: Lightning Fabric's.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str,
+        protocols: list[Protocol],
+        data: EvalData | None = None,
+        encoder: str = "target",
+        output_dir: str | None = None,
+        cache_dir: str | None = None,
+        cache: bool = True,
+        pixel_patch_size: int = 8,
+        accelerator: str = "auto",
+        devices: int | str = 1,
+        num_nodes: int = 1,
+        strategy: str = "auto",
+        precision: str = "32-true",
+    ):
+        if not protocols:
+            raise ValueError("protocols must hold at least one protocol (e.g. ijepa.evaluation.LinearProtocol).")
+        names = [protocol.name for protocol in protocols]
+        if len(set(names)) != len(names):
+            raise ValueError(f"protocols must have distinct names (their results files), got {names}: set name.")
+        self.checkpoint, self.protocols, self.data = checkpoint, protocols, data or EvalData()
+        self.encoder_kind, self.cache, self.pixel_patch_size = encoder, cache, pixel_patch_size
+        self.output_dir = Path(output_dir) if output_dir else default_output_dir(checkpoint)
+        self.cache_dir = Path(cache_dir) if cache_dir else self.output_dir / "features"
+        self.fabric = Fabric(
+            accelerator=accelerator,
+            devices=devices,
+            num_nodes=num_nodes,
+            strategy=strategy,
+            precision=precision,
+            loggers=TensorBoardLogger(str(self.output_dir), name="tensorboard", version=""),
+        )
+
+    def run(self) -> list[dict]:
+        """Run every protocol; returns their results (also written to ``<output_dir>/<name>.json``)."""
+        fabric = self.fabric
+        fabric.launch()
+        encoder, described = open_encoder(
+            self.checkpoint, self.encoder_kind, self.data.image_size, self.pixel_patch_size
+        )
+        size = self.data.image_size or encoder.image_size
+        if size != encoder.image_size and self.checkpoint != PIXELS:
+            raise ValueError(
+                f"data.image_size={size} differs from the encoder's {encoder.image_size}: evaluate at the resolution "
+                "the encoder was trained at, or adapt it first (docs/resolution.md)."
+            )
+        encoder = encoder.to(fabric.device)
+        identity = {
+            "checkpoint": described["sha256"] or PIXELS,
+            "encoder": described["encoder"],
+            "pixel_patch_size": self.pixel_patch_size if self.checkpoint == PIXELS else None,
+            "data": self.data.describe(size),
+        }
+        cache = FeatureCache(self.cache_dir if self.cache else None, identity)
+        ctx = EvalContext(fabric, encoder, self.data, cache, size, self.data.seed)
+        results = []
+        for protocol in self.protocols:
+            start = time.perf_counter()
+            result = protocol.run(ctx)
+            result = {
+                "version": RESULTS_VERSION,
+                **result,
+                "checkpoint": described,
+                "data": {
+                    **self.data.describe(size),
+                    "val_fraction": self.data.val_fraction,
+                    "seed": self.data.seed,
+                    "train_images": len(ctx.train_idx),
+                    "val_images": len(ctx.val_idx),
+                    "test_images": len(ctx.features("test", "blocks", 1)[1]),
+                    "num_classes": ctx.num_classes,
+                },
+                "processes": fabric.world_size,
+                "precision": str(fabric.strategy.precision.precision),
+                "features": {
+                    "extracted": [list(k) for k in cache.extracted],
+                    "reused": [list(k) for k in cache.reused],
+                },
+                "seconds": round(time.perf_counter() - start, 3),
+            }
+            cache.extracted, cache.reused = [], []
+            if result.get("test_top1") is not None:
+                ctx.log({f"{protocol.name}/test_top1": result["test_top1"]})
+            if fabric.is_global_zero:
+                path = self.output_dir / f"{protocol.name}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_json(json.loads(json.dumps(result, default=str)), path)
+                fabric.print(summary_line(result, path))
+            results.append(result)
+        fabric.logger.finalize("success")
+        return results
+
+
+def summary_line(result: dict, path: Path) -> str:
+    """One line per protocol: what a user reads first."""
+    if result.get("test_top1") is None:
+        parts = ", ".join(
+            f"{r['name']} {100 * r['mean']:.1f} ± {100 * r['std']:.1f}" for r in result["settings_results"]
+        )
+        return f"{result['name']}: test top-1 {parts} ({result['seconds']:.0f} s) -> {path}"
+    return (
+        f"{result['name']}: test top-1 {100 * result['test_top1']:.2f} with {result['selected']} "
+        f"(val {100 * result['val_top1']:.2f}, {len(result['heads'])} heads, {result['seconds']:.0f} s) -> {path}"
+    )
+
+
+def read_results(path: str | Path) -> dict:
+    """A results file written by ``ijepa eval``."""
+    with open(path) as f:
+        result = json.load(f)
+    if not isinstance(result, dict) or "protocol" not in result or "version" not in result:
+        raise ValueError(f"{path} is not an ijepa eval results file (no protocol / version).")
+    return result
+
+
+def build_parser() -> IJEPAArgumentParser:
+    parser = IJEPAArgumentParser(prog="ijepa eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", action="config")
+    parser.add_class_arguments(Evaluation, fail_untyped=True, sub_configs=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """The ``ijepa eval`` command."""
+    parser = build_parser()
+    config = parser.parse_args(sys.argv[2:] if argv is None else argv)
+    config.pop("config", None)
+    try:
+        init = getattr(parser, "instantiate", parser.instantiate_classes)(config)
+        evaluation = Evaluation(**init.as_dict() if hasattr(init, "as_dict") else init)
+        return evaluation.run()
+    except (ValueError, FileNotFoundError) as error:
+        if os.environ.get("IJEPA_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {error}\n")
+        sys.exit(2)

@@ -1,0 +1,122 @@
+"""Class-stratified validation split and class-balanced low-shot subsets of a labelled data set.
+
+Every draw is seeded per class (:func:`ijepa.data.sampling.mix_seed`), so a class's draw depends only
+on its own positions and the seed: adding or removing another class never moves it, and the result is
+the same in every process and on every run. Index tensors are int64, sorted ascending, on CPU.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from ijepa.data.sampling import mix_seed
+from ijepa.nn.checks import check_range
+
+
+def _labels(labels: torch.Tensor | Sequence[int]) -> torch.Tensor:
+    """``labels`` as a CPU int64 ``[N]`` tensor; ValueError on another shape or a negative label."""
+    labels = torch.as_tensor(labels).cpu()
+    if labels.dim() != 1 or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be a 1-D integer tensor [N], got shape {tuple(labels.shape)} {labels.dtype}.")
+    negative = (labels < 0).nonzero().flatten()
+    if len(negative):
+        raise ValueError(
+            f"labels must be class indices >= 0, got {len(negative)} negative (unlabelled) at positions "
+            f"{negative[:10].tolist()}{' ...' if len(negative) > 10 else ''}: drop unlabelled images first."
+        )
+    return labels.long()
+
+
+def _classes(labels: torch.Tensor, positions: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+    """(class, its positions ascending) for each class among ``labels[positions]``, in class order."""
+    positions = positions.sort().values
+    # A stable sort by label keeps each class's positions ascending, in one pass over N.
+    order = positions[torch.sort(labels[positions], stable=True).indices]
+    classes, counts = torch.unique(labels[order], return_counts=True)
+    yield from zip(classes.tolist(), torch.split(order, counts.tolist()))
+
+
+def _draw(positions: torch.Tensor, k: int, seed: int) -> torch.Tensor:
+    """``k`` of ``positions`` drawn without replacement by a generator seeded with ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    return positions[torch.randperm(len(positions), generator=generator)[:k]]
+
+
+def class_counts(labels: torch.Tensor | Sequence[int]) -> dict[int, int]:
+    """{class: number of images} of ``labels`` [N], in class order."""
+    classes, counts = torch.unique(_labels(labels), return_counts=True)
+    return dict(zip(classes.tolist(), counts.tolist()))
+
+
+def validation_split(
+    labels: torch.Tensor, fraction: float, seed: int, *, name: str = "val_fraction"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(train_indices, val_indices)``, positions into ``labels`` [N] that partition ``range(N)``.
+
+    Per class of ``n_c`` images, a random ``round(fraction * n_c)`` of its positions, clamped to
+    ``1 .. n_c - 1``, go to validation, drawn with ``mix_seed(seed, class)``. A class of a single
+    image cannot give one without leaving none to train on: it stays whole in train (no error).
+    ``name`` is the option the caller exposes ``fraction`` as, for the error message.
+    """
+    labels = _labels(labels)
+    check_range(fraction, name, 0, 1, low_open=True, high_open=True)
+    val = [
+        _draw(positions, max(1, min(round(fraction * len(positions)), len(positions) - 1)), mix_seed(seed, c))
+        for c, positions in _classes(labels, torch.arange(len(labels)))
+        if len(positions) >= 2
+    ]
+    in_val = torch.zeros(len(labels), dtype=torch.bool)
+    in_val[torch.cat([torch.empty(0, dtype=torch.long), *val])] = True
+    return in_val.logical_not().nonzero().flatten(), in_val.nonzero().flatten()
+
+
+def low_shot_indices(
+    labels: torch.Tensor,
+    pool: torch.Tensor,
+    *,
+    shots: int | None = None,
+    fraction: float | None = None,
+    seed: int = 0,
+    trial: int = 0,
+) -> torch.Tensor:
+    """A class-balanced subset [M] of ``pool`` [P] (positions into ``labels`` [N], e.g. the train
+    indices of :func:`validation_split`, so the subset never meets validation).
+
+    Exactly one of ``shots`` (that many images of every class in the pool) or ``fraction``
+    (``max(1, round(fraction * n_c))`` of a class of ``n_c``: the paper's 1% / 10% protocols).
+    Class ``c`` is drawn with ``mix_seed(seed, trial, c)``: each trial is another draw. The order
+    of ``pool`` and repeats in it do not matter.
+    """
+    labels = _labels(labels)
+    if (shots is None) == (fraction is None):
+        raise ValueError(
+            "give exactly one of shots (images per class, an int >= 1) or fraction (of each class, in (0, 1]), "
+            f"got {'both' if shots is not None else 'neither'}."
+        )
+    pool = torch.unique(torch.as_tensor(pool).cpu().long())
+    if len(pool) == 0 or pool[0] < 0 or pool[-1] >= len(labels):
+        raise ValueError(
+            f"pool must hold positions in 0..{len(labels) - 1} (into labels), got "
+            f"{'none' if len(pool) == 0 else f'min={int(pool[0])}, max={int(pool[-1])}'}."
+        )
+    classes = list(_classes(labels, pool))
+    if shots is not None:
+        if not isinstance(shots, numbers.Integral) or isinstance(shots, bool):
+            raise ValueError(f"shots must be an int >= 1, got {shots!r}.")
+        check_range(shots, "shots", 1)
+        smallest, positions = min(classes, key=lambda item: len(item[1]))
+        if shots > len(positions):
+            raise ValueError(
+                f"shots={shots} is larger than class {smallest}, which has only {len(positions)} training "
+                f"images (the smallest class); shots must be in 1..{len(positions)}."
+            )
+    else:
+        check_range(fraction, "fraction", 0, 1, low_open=True)
+    chosen = [
+        _draw(positions, shots or max(1, round(fraction * len(positions))), mix_seed(seed, trial, c))
+        for c, positions in classes
+    ]
+    return torch.cat(chosen).sort().values

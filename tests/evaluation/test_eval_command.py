@@ -1,0 +1,269 @@
+"""``ijepa eval``: results files, selection on validation only, the feature cache, one-pass
+grids, low-shot determinism, and the errors a user meets. A random-init tiny encoder (written
+as a weights-only checkpoint) is enough: these are properties of the protocol, not of training."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_MODEL
+from torchvision.transforms import v2
+
+from ijepa.data.sources import ImageFolderSource, ShapesSource
+from ijepa.evaluation import (
+    AttentiveProtocol,
+    EvalData,
+    Evaluation,
+    KNNProtocol,
+    LinearProtocol,
+    LogRegProtocol,
+    LowShotProtocol,
+    read_results,
+)
+from ijepa.evaluation.runner import main
+from ijepa.interop import save_lightning_checkpoint
+from ijepa.module import IJEPA
+
+SOURCE = {"train_size": 320, "val_size": 96}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    return save_lightning_checkpoint(IJEPA(**TINY_MODEL), tmp_path_factory.mktemp("eval") / "tiny.ckpt")
+
+
+def data(**options) -> EvalData:
+    options = {"source": ShapesSource(**SOURCE), "batch_size": 32, "num_workers": 0, "val_fraction": 0.2, **options}
+    return EvalData(**options)
+
+
+def evaluate(checkpoint, protocols, tmp_path, **options) -> list[dict]:
+    options = {"data": data(), "output_dir": str(tmp_path / "out"), "accelerator": "cpu", **options}
+    return Evaluation(str(checkpoint), protocols, **options).run()
+
+
+def heads_by_name(result: dict) -> dict[str, float]:
+    return {head["name"]: head["val_top1"] for head in result["heads"]}
+
+
+def test_ijepa_eval_writes_one_results_file_per_protocol_that_round_trips(checkpoint, tmp_path, capsys):
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "data:\n  source:\n    class_path: ijepa.data.ShapesSource\n    init_args: {train_size: 320, val_size: 96}\n"
+        "  batch_size: 32\n  num_workers: 0\n  val_fraction: 0.2\nprotocols:\n"
+        "  - class_path: ijepa.evaluation.KNNProtocol\n    init_args: {ks: [5, 20]}\n"
+        "  - class_path: ijepa.evaluation.LinearProtocol\n"
+        "    init_args: {epochs: 1, lrs: [0.01, 0.1], weight_decays: [0.0, 0.001], augment: false}\n"
+    )
+    out = tmp_path / "out"
+    results = main(
+        ["--config", str(config), "--checkpoint", str(checkpoint), "--output_dir", str(out), "--accelerator", "cpu"]
+    )
+    printed = capsys.readouterr().out
+    assert [r["name"] for r in results] == ["knn", "linear"]
+    for result in results:
+        path = out / f"{result['name']}.json"
+        assert read_results(path) == json.loads(json.dumps(result))  # the file is what the run returned
+        assert f"-> {path}" in printed
+        assert result["checkpoint"]["path"] == str(checkpoint.resolve())
+        assert len(result["checkpoint"]["sha256"]) == 64 and result["checkpoint"]["encoder"] == "target"
+        assert (
+            result["data"]["test_images"] == 96 and result["data"]["train_images"] + result["data"]["val_images"] == 320
+        )
+        assert result["selected"] in heads_by_name(result)
+        assert result["val_top1"] == max(heads_by_name(result).values())
+        assert 0 <= result["test_top1"] <= 1 and result["seconds"] > 0
+    assert len(results[0]["heads"]) == 2 and len(results[1]["heads"]) == 4  # 2 lrs x 2 weight decays
+    assert (out / "tensorboard").is_dir()
+
+
+class ShiftedTestLabels(ShapesSource):
+    """The same images, but every test label moved to the next class: a poisoned test split."""
+
+    def splits(self, settings):
+        splits = super().splits(settings)
+        poisoned = copy.copy(splits.knn_test)
+        poisoned.targets = [(label + 1) % splits.num_classes for label in poisoned.targets]
+        splits.knn_test = poisoned
+        return splits
+
+
+def test_poisoned_test_labels_change_the_test_score_but_never_the_selected_head(checkpoint, tmp_path):
+    protocols = lambda: [  # noqa: E731
+        KNNProtocol(ks=[1, 5, 50]),
+        LogRegProtocol(Cs=[1e-3, 1.0, 1e3]),
+        LinearProtocol(lrs=[0.01, 0.3], weight_decays=[0.0, 0.01], epochs=1, augment=False),
+    ]
+    clean = evaluate(checkpoint, protocols(), tmp_path / "clean", cache=False)
+    poisoned = evaluate(
+        checkpoint, protocols(), tmp_path / "poisoned", cache=False, data=data(source=ShiftedTestLabels(**SOURCE))
+    )
+    for before, after in zip(clean, poisoned):
+        assert heads_by_name(after) == heads_by_name(before)  # every validation score, bit for bit
+        assert after["selected"] == before["selected"]
+    assert [r["test_top1"] for r in poisoned] != [r["test_top1"] for r in clean]  # the poison reached the test
+
+
+def test_features_are_cached_reused_by_the_next_protocol_and_invalidated_by_a_new_checkpoint_or_transform(
+    checkpoint, tmp_path
+):
+    options = {"output_dir": str(tmp_path / "out")}
+    first = evaluate(checkpoint, [KNNProtocol()], tmp_path, **options)[0]
+    assert sorted(map(tuple, first["features"]["extracted"])) == [("test", "blocks"), ("train", "blocks")]
+    second = evaluate(checkpoint, [LogRegProtocol(Cs=[1.0])], tmp_path, **options)[0]
+    assert second["features"]["extracted"] == [] and len(second["features"]["reused"]) == 2
+    # the reused features are the features: a run without the cache scores the same
+    fresh = evaluate(checkpoint, [LogRegProtocol(Cs=[1.0])], tmp_path / "fresh", cache=False)[0]
+    assert fresh["test_top1"] == second["test_top1"] and fresh["heads"] == second["heads"]
+
+    other = tmp_path / "other.ckpt"
+    saved = torch.load(checkpoint, weights_only=True)
+    saved["state_dict"] = {
+        k: v + 0.01 if k.startswith("target_encoder.") else v for k, v in saved["state_dict"].items()
+    }
+    torch.save(saved, other)
+    third = evaluate(other, [KNNProtocol()], tmp_path, **options)[0]
+    assert len(third["features"]["extracted"]) == 2
+
+    class BilinearCrop(EvalData):
+        def eval_transform(self, size):  # resize to a little more than the crop: another transform
+            plain = super().eval_transform(size).transforms
+            return v2.Compose([plain[0], v2.Resize(size + 4, antialias=True), plain[2], *plain[3:]])
+
+    cropped = BilinearCrop(source=ShapesSource(**SOURCE), batch_size=32, num_workers=0, val_fraction=0.2)
+    fourth = evaluate(checkpoint, [KNNProtocol()], tmp_path, data=cropped, **options)[0]
+    assert len(fourth["features"]["extracted"]) == 2
+
+
+def test_a_grid_trained_in_one_pass_scores_as_each_head_trained_alone(checkpoint, tmp_path):
+    for protocol in (LinearProtocol, AttentiveProtocol):
+        extra = {"num_heads": 2} if protocol is AttentiveProtocol else {}
+        grid = evaluate(
+            checkpoint,
+            [protocol(lrs=[1e-3, 1e-2], weight_decays=[0.0, 0.05], epochs=2, **extra)],
+            tmp_path / "grid",
+            cache=False,
+        )[0]
+        for head in grid["heads"]:
+            lr, wd = head["settings"]["lr"], head["settings"]["weight_decay"]
+            alone = evaluate(
+                checkpoint, [protocol(lrs=[lr], weight_decays=[wd], epochs=2, **extra)], tmp_path / "alone", cache=False
+            )[0]
+            assert alone["heads"][0]["val_top1"] == pytest.approx(head["val_top1"], abs=1e-9), head["name"]
+
+
+def test_low_shot_results_are_identical_for_one_seed_and_change_with_another(checkpoint, tmp_path):
+    protocol = lambda: LowShotProtocol(fractions=[0.1], shots=[2], tries=2, Cs=[0.1, 10.0])  # noqa: E731
+    first = evaluate(checkpoint, [protocol()], tmp_path / "a")[0]
+    again = evaluate(checkpoint, [protocol()], tmp_path / "b")[0]
+    other = evaluate(checkpoint, [protocol()], tmp_path / "c", data=data(seed=1))[0]
+    assert first["settings_results"] == again["settings_results"]
+    classes = first["data"]["num_classes"]
+    assert first["settings_results"][1]["images"] == 2 * classes  # 2 shots of every class
+    assert first["settings_results"] != other["settings_results"]
+
+
+def run_cli(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--checkpoint", "missing.ckpt"], "checkpoint='missing.ckpt' does not exist"),
+        (
+            ["--protocols", '[{"class_path": "ijepa.evaluation.LinearProtocol", "init_args": {"lrs": []}}]'],
+            "lrs must hold at least one value",
+        ),
+        (
+            [
+                "--protocols",
+                '[{"class_path": "ijepa.evaluation.LowShotProtocol", "init_args": {"shots": [100], "fractions": []}}]',
+            ],
+            "shots=100 is larger than class",
+        ),
+        (["--protocols", "[]"], "protocols must hold at least one protocol"),
+    ],
+    ids=["missing-checkpoint", "zero-heads", "k-shot-above-smallest-class", "no-protocol"],
+)
+def test_bad_input_is_one_line_naming_the_option(checkpoint, tmp_path, capsys, extra, expected):
+    args = [
+        "--checkpoint",
+        str(checkpoint),
+        "--output_dir",
+        str(tmp_path),
+        "--accelerator",
+        "cpu",
+        "--data.source",
+        json.dumps({"class_path": "ijepa.data.ShapesSource", "init_args": SOURCE}),
+        "--data.num_workers",
+        "0",
+        "--data.batch_size",
+        "32",
+        "--protocols",
+        '[{"class_path": "ijepa.evaluation.KNNProtocol"}]',
+    ]
+    err = run_cli(args + extra, capsys)
+    assert expected in err.splitlines()[0], err
+
+
+def test_a_file_that_is_not_a_checkpoint_and_unlabelled_data_are_errors_naming_them(tmp_path, capsys, checkpoint):
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint")
+    err = run_cli(
+        [
+            "--checkpoint",
+            str(text),
+            "--protocols",
+            '[{"class_path": "ijepa.evaluation.KNNProtocol"}]',
+            "--accelerator",
+            "cpu",
+            "--output_dir",
+            str(tmp_path),
+        ],
+        capsys,
+    )
+    assert err.startswith(f"error: checkpoint={str(text)!r} is not an ijepa checkpoint or an exported encoder")
+
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    for i in range(4):
+        v2.functional.to_pil_image(torch.rand(3, 32, 32)).save(loose / f"{i}.png")
+    with pytest.raises(ValueError, match=r"data.source: .* has no labels \(num_classes=\d\)"):
+        evaluate(checkpoint, [KNNProtocol()], tmp_path, data=data(source=ImageFolderSource(str(loose))))
+
+
+@pytest.mark.slow
+def test_two_processes_select_the_same_heads_with_the_same_scores_as_one(checkpoint, tmp_path):
+    # each process encodes half of every batch and every process trains the heads on the gathered batch
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "data:\n  source:\n    class_path: ijepa.data.ShapesSource\n    init_args: {train_size: 320, val_size: 96}\n"
+        "  batch_size: 32\n  num_workers: 0\n  val_fraction: 0.2\nprotocols:\n"
+        "  - class_path: ijepa.evaluation.KNNProtocol\n"
+        "  - class_path: ijepa.evaluation.LinearProtocol\n"
+        "    init_args: {epochs: 2, lrs: [0.01, 0.1], weight_decays: [0.0], batch_norm: [false, true]}\n"
+        "  - class_path: ijepa.evaluation.AttentiveProtocol\n"
+        "    init_args: {epochs: 1, num_heads: 2, lrs: [1.0e-3], weight_decays: [0.01, 0.1]}\n"
+    )
+    common = ["eval", "--config", str(config), "--checkpoint", str(checkpoint), "--accelerator", "cpu"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    args = [sys.executable, "-m", "ijepa", *common, "--devices", "2", "--strategy", "ddp", "--output_dir", "two"]
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    one = main(common[1:] + ["--output_dir", str(tmp_path / "one")])
+    for alone in one:
+        both = read_results(tmp_path / "two" / f"{alone['name']}.json")
+        assert both["processes"] == 2 and alone["processes"] == 1
+        assert both["selected"] == alone["selected"]
+        assert heads_by_name(both) == pytest.approx(heads_by_name(alone), abs=1e-9)
+        assert both["test_top1"] == pytest.approx(alone["test_top1"], abs=1e-9)
