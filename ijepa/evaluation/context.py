@@ -73,6 +73,25 @@ class EvalContext:
             self._split = validation_split(labels, self.data.val_fraction, self.seed)
         return self._split
 
+    def val_features(self, kind: str, last_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(features, labels)`` of the validation part alone: block features are cut from the
+        train split's (they are needed for its labels anyway); tokens are extracted for these
+        images only, never for the whole train split (ImageNet's would not fit in memory)."""
+        if kind == "blocks":
+            x, y = self.features("train", kind, last_blocks)
+            return x[self.val_idx], y[self.val_idx]
+        positions = self._entry("train", "blocks", 1)["positions"][self.val_idx].tolist()
+
+        def make():
+            dataset = Subset(self.data.dataset("train", self.size), positions)
+            return extract(
+                self.fabric, self.encoder, dataset, self.data.batch_size, self.data.num_workers, kind, last_blocks
+            )
+
+        split = f"val-{self.data.val_fraction}-{self.seed}"  # the validation part depends on both
+        entry = self.cache.get(self.fabric, split, kind, last_blocks, make)
+        return entry["features"], entry["labels"]
+
     def train_val(self, kind: str, last_blocks: int) -> tuple[torch.Tensor, ...]:
         """``(x_train, y_train, x_val, y_val)``: the train split's features without and with only
         its validation part."""

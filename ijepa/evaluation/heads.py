@@ -9,6 +9,7 @@ weight decay costs one pass over the data instead of ``H``.
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -106,14 +107,31 @@ class AttentiveHead(nn.Module):
             raise ValueError(f"tokens must have shape [B, K, D], got {tuple(tokens.shape)}.")
         for block in self.blocks:
             tokens = block(tokens)
-        batch, count, dim = tokens.shape
-        heads, queries = self.num_heads, self.queries.size(0)
-        q = self.q(self.queries).view(queries, heads, -1).transpose(0, 1).expand(batch, -1, -1, -1)
-        k, v = self.kv(self.norm_tokens(tokens)).view(batch, count, 2, heads, -1).permute(2, 0, 3, 1, 4)
-        pooled = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, queries, dim)
-        x = self.queries + self.proj(pooled)
+        x = self.queries + self.proj(self.cross_attention(tokens))
         x = x + self.mlp(self.norm_mlp(x))
         return self.linear(self.norm(x.mean(1)))
+
+    def cross_attention(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The queries' multi-head attention over ``LayerNorm(tokens)``, ``[B, K, D] -> [B, Q, D]``,
+        in an exactly equal, folded form. Projecting every token to keys and values costs
+        ``B K D 2D`` per head, which would make a grid of heads cost more than the encoder's pass.
+        Instead the key projection is folded into each query (``q . W_k(g x + b) = (g W_k^T q) . x``
+        plus a term that is the same for every token, which the softmax cancels) and the value
+        projection is applied after pooling (``sum_k p_k W_v(g x_k + b) = W_v(g sum_k p_k x_k + b)``
+        as the weights sum to 1): ``B K D`` per attention head. ``tests/evaluation`` checks it
+        against the unfolded attention."""
+        batch, count, dim = tokens.shape
+        heads, queries = self.num_heads, self.queries.size(0)
+        width = dim // heads
+        normed = F.layer_norm(tokens, (dim,), eps=self.norm_tokens.eps)  # the affine part is folded below
+        gain, shift = self.norm_tokens.weight, self.norm_tokens.bias
+        w_k, w_v = self.kv.weight[:dim].view(heads, width, dim), self.kv.weight[dim:].view(heads, width, dim)
+        q = self.q(self.queries).view(queries, heads, width)
+        folded = torch.einsum("qaw,awd->qad", q, w_k) * gain  # [Q, A, D]
+        scores = torch.einsum("bkd,qad->bqak", normed, folded) / math.sqrt(width)
+        pooled = torch.einsum("bqak,bkd->bqad", scores.softmax(-1), normed)  # [B, Q, A, D]
+        values = torch.einsum("bqad,awd->bqaw", pooled * gain + shift, w_v) + self.kv.bias[dim:].view(heads, width)
+        return values.reshape(batch, queries, dim)
 
 
 class AttentiveHeadGrid(nn.Module):

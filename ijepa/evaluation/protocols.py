@@ -258,6 +258,28 @@ class LowShotProtocol(Protocol):
         return {"heads": [], "selected": None, "val_top1": None, "test_top1": None, "settings_results": results}
 
 
+class GridTrainer:
+    """A protocol's grids (``(label, settings, grid)``), each with its optimiser (one parameter
+    group per head) and cosine schedule; :meth:`step` trains every head on one batch of features."""
+
+    def __init__(self, protocol: HeadGridProtocol, grids: list, total_steps: int, warmup_steps: int = 0):
+        self.protocol, self.grids = protocol, grids
+        lrs, wds = [p[0] for p in protocol.points], [p[1] for p in protocol.points]
+        self.optimizers = [grid_optimizer(grid, lrs, wds, kind=protocol.optimizer) for _, _, grid in grids]
+        self.schedules = [cosine_schedule(o, total_steps, warmup_steps) for o in self.optimizers]
+
+    def step(self, features: torch.Tensor, labels: torch.Tensor) -> float:
+        """One step of every head on ``features`` (the whole global batch) -> the summed loss."""
+        loss = sum(grid_loss(grid(self.protocol.grid_input(s, features)), labels) for _, s, grid in self.grids)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        for optimizer, schedule in zip(self.optimizers, self.schedules):
+            optimizer.step()
+            schedule.step()
+        return float(loss.detach())
+
+
 class HeadGridProtocol(Protocol):
     """A grid of heads trained together by minibatch descent on frozen features computed once per
     batch: on augmented images encoded on the fly (``augment: true``, a new random resized crop and
@@ -308,21 +330,24 @@ class HeadGridProtocol(Protocol):
     def grid_input(self, settings: dict, features: torch.Tensor) -> torch.Tensor:
         """The part of a batch's features ``grid`` reads."""
 
+    def trainer(self, ctx: EvalContext, width: int, total_steps: int, warmup_steps: int = 0) -> GridTrainer:
+        """The grids on the context's device with their optimisers and schedules."""
+        grids = [(label, settings, grid.to(ctx.fabric.device)) for label, settings, grid in self.grids(ctx, width)]
+        return GridTrainer(self, grids, total_steps, warmup_steps)
+
     def evaluate(self, ctx: EvalContext) -> dict:
         fabric, kind, blocks = ctx.fabric, self.feature_kind, self.blocks_needed
         batch_size = self.batch_size or ctx.data.batch_size
-        x_train, y_train, x_val, y_val = ctx.train_val(kind, blocks)
-        width = x_train.size(-1) // (blocks if kind == "blocks" else 1)
-        grids = self.grids(ctx, width)
+        if self.augment:  # the train split is encoded batch by batch, augmented: only validation is extracted
+            x_train = y_train = None
+            x_val, y_val = ctx.val_features(kind, blocks)
+        else:
+            x_train, y_train, x_val, y_val = ctx.train_val(kind, blocks)
+        width = x_val.size(-1) // (blocks if kind == "blocks" else 1)
         steps_per_epoch = ctx.steps_per_epoch(batch_size)
         total = self.epochs * steps_per_epoch
-        optimizers, schedules = [], []
-        lrs, wds = [p[0] for p in self.points], [p[1] for p in self.points]
-        for _, _, grid in grids:
-            grid.to(fabric.device)
-            optimizer = grid_optimizer(grid, lrs, wds, kind=self.optimizer)
-            optimizers.append(optimizer)
-            schedules.append(cosine_schedule(optimizer, total, round(self.warmup_epochs * steps_per_epoch)))
+        trainer = self.trainer(ctx, width, total, round(self.warmup_epochs * steps_per_epoch))
+        grids = trainer.grids
         step = 0
         for epoch in range(self.epochs):
             batches = (
@@ -331,17 +356,10 @@ class HeadGridProtocol(Protocol):
                 else ctx.cached_batches(epoch, batch_size, x_train, y_train)
             )
             for features, labels in batches:
-                features, labels = features.to(fabric.device), labels.to(fabric.device)
-                loss = sum(grid_loss(grid(self.grid_input(s, features)), labels) for _, s, grid in grids)
-                for optimizer in optimizers:
-                    optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                for optimizer, schedule in zip(optimizers, schedules):
-                    optimizer.step()
-                    schedule.step()
+                loss = trainer.step(features.to(fabric.device), labels.to(fabric.device))
                 step += 1
                 if step % 10 == 0 or step == total:
-                    ctx.log({f"{self.name}/train_loss": float(loss.detach()) / (len(grids) * len(self.points))}, step)
+                    ctx.log({f"{self.name}/train_loss": loss / (len(grids) * len(self.points))}, step)
         heads, classifiers = [], []
         for label, settings, grid in grids:
             grid.eval()

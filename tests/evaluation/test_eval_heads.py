@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ijepa.evaluation.heads import (
+    AttentiveHead,
     AttentiveHeadGrid,
     LinearHeadGrid,
     cosine_schedule,
@@ -206,3 +207,17 @@ def test_bad_settings_are_refused_naming_the_setting_and_its_range(build, messag
     with pytest.raises(ValueError) as error:
         build()
     assert str(error.value).startswith(message)
+
+
+@pytest.mark.parametrize("num_queries", [1, 3])
+def test_the_folded_cross_attention_equals_plain_multi_head_attention_over_projected_tokens(num_queries):
+    torch.manual_seed(1)
+    head = AttentiveHead(16, 5, num_heads=4, num_queries=num_queries, seed=3).double()
+    with torch.no_grad():  # a LayerNorm affine and biases that are not the init's zeros and ones
+        for parameter in (head.norm_tokens.weight, head.norm_tokens.bias, head.kv.bias, head.q.bias):
+            parameter.copy_(torch.randn_like(parameter))
+    tokens = torch.randn(6, 9, 16, dtype=torch.float64)
+    q = head.q(head.queries).view(num_queries, 4, 4).transpose(0, 1).expand(6, -1, -1, -1)
+    k, v = head.kv(head.norm_tokens(tokens)).view(6, 9, 2, 4, 4).permute(2, 0, 3, 1, 4)
+    plain = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(6, num_queries, 16)
+    torch.testing.assert_close(head.cross_attention(tokens), plain, rtol=1e-12, atol=1e-12)
