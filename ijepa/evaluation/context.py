@@ -8,6 +8,7 @@ run on ``world`` processes sees the same global batches as a run on one.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -158,6 +159,11 @@ class EvalContext:
             if kind == "blocks":
                 features = features.flatten(1)
             yield gather_batches(fabric, features), gather_batches(fabric, labels)
+
+    def warn(self, message: str) -> None:
+        """A warning on rank zero (stderr), kept for the results file."""
+        if self.fabric.is_global_zero:
+            warnings.warn(message, stacklevel=2)
 
     def log(self, metrics: dict[str, float], step: int = 0) -> None:
         """TensorBoard scalars (rank zero)."""

@@ -59,6 +59,27 @@ def select(heads: list[dict]) -> dict:
     return max(heads, key=lambda head: head["val_top1"])  # max keeps the first of equal scores
 
 
+def grid_edges(heads: list[dict], selected: str | None) -> list[tuple[str, float, str]]:
+    """``(setting, value, "largest" | "smallest")`` for each numeric setting swept over at least
+    three values whose selected value is an end of the sweep (a weight decay of 0 is a natural
+    floor, not an edge)."""
+    chosen = next((head for head in heads if head["name"] == selected), None)
+    if chosen is None:
+        return []
+    edges = []
+    for key, value in chosen["settings"].items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        values = sorted({head["settings"][key] for head in heads})
+        if len(values) < 3:
+            continue
+        if value == values[-1]:
+            edges.append((key, value, "largest"))
+        elif value == values[0] and not (key == "weight_decay" and value == 0):
+            edges.append((key, value, "smallest"))
+    return edges
+
+
 class Protocol(abc.ABC):
     """Base of the protocols. ``kind`` names the protocol in the results (``<name>.json``);
     ``name`` (default: the kind) tells two configurations of one kind apart."""
@@ -80,6 +101,12 @@ class Protocol(abc.ABC):
     def run(self, ctx: EvalContext) -> dict:
         start = time.perf_counter()
         result = self.evaluate(ctx)
+        result["at_grid_edge"] = grid_edges(result["heads"], result["selected"])
+        for key, value, side in result["at_grid_edge"]:
+            ctx.warn(
+                f"{self.name}: the selected head's {key}={value:g} is the {side} of the {key} values tried; the best "
+                f"may lie beyond it: widen the grid."
+            )
         return {
             "protocol": self.kind,
             "name": self.name,

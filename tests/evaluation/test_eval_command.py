@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_MODEL
+from lightning.fabric import Fabric
 from torchvision.transforms import v2
 
 from ijepa.data.sources import ImageFolderSource, ShapesSource
@@ -25,8 +26,11 @@ from ijepa.evaluation import (
     LowShotProtocol,
     read_results,
 )
+from ijepa.evaluation.encoders import open_encoder
+from ijepa.evaluation.features import encode
+from ijepa.evaluation.protocols import grid_edges
 from ijepa.evaluation.runner import main
-from ijepa.interop import save_lightning_checkpoint
+from ijepa.interop import load_encoder, save_hf, save_lightning_checkpoint
 from ijepa.module import IJEPA
 
 SOURCE = {"train_size": 320, "val_size": 96}
@@ -267,3 +271,36 @@ def test_two_processes_select_the_same_heads_with_the_same_scores_as_one(checkpo
         assert both["selected"] == alone["selected"]
         assert heads_by_name(both) == pytest.approx(heads_by_name(alone), abs=1e-9)
         assert both["test_top1"] == pytest.approx(alone["test_top1"], abs=1e-9)
+
+
+def test_an_exported_hugging_face_folder_scores_as_its_checkpoint(checkpoint, tmp_path):
+    folder = save_hf(load_encoder(checkpoint), tmp_path / "hf")
+    from_checkpoint = evaluate(checkpoint, [KNNProtocol()], tmp_path / "a", cache=False)[0]
+    from_folder = evaluate(folder, [KNNProtocol()], tmp_path / "b", cache=False)[0]
+    assert from_folder["checkpoint"]["format"] == "hf" and from_checkpoint["checkpoint"]["format"] == "ijepa"
+    assert heads_by_name(from_folder) == heads_by_name(from_checkpoint)
+    assert from_folder["test_top1"] == from_checkpoint["test_top1"]
+
+
+def test_bf16_mixed_runs_the_encoder_in_bf16_and_the_heads_in_float32(checkpoint, tmp_path):
+    encoder, _ = open_encoder(str(checkpoint))
+    images = torch.randn(4, 3, 32, 32)
+    full = encode(Fabric(accelerator="cpu", precision="32-true"), encoder, images, "blocks", 2)
+    half = encode(Fabric(accelerator="cpu", precision="bf16-mixed"), encoder, images, "blocks", 2)
+    assert half.dtype == torch.float32 and not torch.equal(half, full)  # computed in bf16, handed on in float32
+    torch.testing.assert_close(half, full, rtol=0.05, atol=0.05)
+    protocols = [LinearProtocol(lrs=[0.1], weight_decays=[0.0], epochs=1)]
+    result = evaluate(checkpoint, protocols, tmp_path, precision="bf16-mixed", cache=False)[0]
+    assert result["precision"] == "bf16-mixed" and 0 <= result["test_top1"] <= 1
+
+
+def test_a_selected_head_at_an_end_of_a_sweep_is_reported_and_a_zero_weight_decay_is_no_end():
+    heads = [
+        {"name": f"lr={lr},wd={wd}", "settings": {"lr": lr, "weight_decay": wd, "batch_norm": True}, "val_top1": 0.0}
+        for lr in (0.1, 0.3, 1.0)
+        for wd in (0.0, 0.1, 0.2)
+    ]
+    assert grid_edges(heads, "lr=1.0,wd=0.0") == [("lr", 1.0, "largest")]
+    assert grid_edges(heads, "lr=0.3,wd=0.1") == []
+    assert grid_edges(heads, "lr=0.1,wd=0.2") == [("lr", 0.1, "smallest"), ("weight_decay", 0.2, "largest")]
+    assert grid_edges(heads[:2], "lr=0.1,wd=0.0") == []  # two values are a choice, not a sweep
