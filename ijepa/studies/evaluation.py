@@ -143,7 +143,7 @@ def rows(root: Path) -> list[tuple[str, list[str], str]]:
     for tag, label in MONITORS.items():
         steps = values.get(tag, {})
         if steps:
-            out.append((label, [f"{100 * steps[max(steps)]:.1f}", f"{100 * steps[min(steps)]:.1f}", ""], "-"))
+            out.append((label, [f"{100 * steps[max(steps)]:.1f}", f"{100 * steps[min(steps)]:.1f}", "-"], "-"))
     return out
 
 

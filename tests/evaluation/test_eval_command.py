@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_MODEL
+from conftest import ROOT, TINY_MODEL
 from lightning.fabric import Fabric
 from torchvision.transforms import v2
 
@@ -24,12 +24,13 @@ from ijepa.evaluation import (
     LinearProtocol,
     LogRegProtocol,
     LowShotProtocol,
+    protocol_kinds,
     read_results,
 )
 from ijepa.evaluation.encoders import open_encoder
 from ijepa.evaluation.features import encode
 from ijepa.evaluation.protocols import grid_edges
-from ijepa.evaluation.runner import main
+from ijepa.evaluation.runner import build_parser, main
 from ijepa.interop import load_encoder, save_hf, save_lightning_checkpoint
 from ijepa.module import IJEPA
 
@@ -304,3 +305,21 @@ def test_a_selected_head_at_an_end_of_a_sweep_is_reported_and_a_zero_weight_deca
     assert grid_edges(heads, "lr=0.3,wd=0.1") == []
     assert grid_edges(heads, "lr=0.1,wd=0.2") == [("lr", 0.1, "smallest"), ("weight_decay", 0.2, "largest")]
     assert grid_edges(heads[:2], "lr=0.1,wd=0.0") == []  # two values are a choice, not a sweep
+
+
+@pytest.mark.parametrize(
+    "configs",
+    [["quickstart.yaml"], ["stl10.yaml"]]
+    + [["quickstart.yaml", f"protocols/{p.name}"] for p in sorted((ROOT / "configs/eval/protocols").glob("*.yaml"))],
+    ids=lambda configs: "+".join(Path(c).stem for c in configs),
+)
+def test_every_shipped_eval_config_builds_its_protocols(configs, checkpoint):
+    parser = build_parser()
+    args = [arg for config in configs for arg in ("--config", str(ROOT / "configs/eval" / config))]
+    init = parser.instantiate_classes(parser.parse_args([*args, "--checkpoint", str(checkpoint)]))
+    protocols = init["protocols"]
+    assert protocols and all(type(p) in protocol_kinds().values() for p in protocols)
+    if len(configs) == 2:  # a protocol overlay replaces the list with its one protocol
+        assert [p.kind for p in protocols] == [Path(configs[1]).stem]
+    else:
+        assert sorted(p.kind for p in protocols) == sorted(protocol_kinds())  # every protocol, by the registry
