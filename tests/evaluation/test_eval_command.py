@@ -88,15 +88,14 @@ def test_ijepa_eval_writes_one_results_file_per_protocol_that_round_trips(checkp
     assert (out / "tensorboard").is_dir()
 
 
-class ShiftedTestLabels(ShapesSource):
+class ShiftedTestLabels(EvalData):
     """The same images, but every test label moved to the next class: a poisoned test split."""
 
-    def splits(self, settings):
-        splits = super().splits(settings)
-        poisoned = copy.copy(splits.knn_test)
-        poisoned.targets = [(label + 1) % splits.num_classes for label in poisoned.targets]
-        splits.knn_test = poisoned
-        return splits
+    def _splits(self, size, augment):
+        train, test = super()._splits(size, augment)
+        poisoned = copy.copy(test)
+        poisoned.targets = [(label + 1) % self.num_classes for label in poisoned.targets]
+        return train, poisoned
 
 
 def test_poisoned_test_labels_change_the_test_score_but_never_the_selected_head(checkpoint, tmp_path):
@@ -106,9 +105,8 @@ def test_poisoned_test_labels_change_the_test_score_but_never_the_selected_head(
         LinearProtocol(lrs=[0.01, 0.3], weight_decays=[0.0, 0.01], epochs=1, augment=False),
     ]
     clean = evaluate(checkpoint, protocols(), tmp_path / "clean", cache=False)
-    poisoned = evaluate(
-        checkpoint, protocols(), tmp_path / "poisoned", cache=False, data=data(source=ShiftedTestLabels(**SOURCE))
-    )
+    poisoned_data = ShiftedTestLabels(source=ShapesSource(**SOURCE), batch_size=32, num_workers=0, val_fraction=0.2)
+    poisoned = evaluate(checkpoint, protocols(), tmp_path / "poisoned", cache=False, data=poisoned_data)
     for before, after in zip(clean, poisoned):
         assert heads_by_name(after) == heads_by_name(before)  # every validation score, bit for bit
         assert after["selected"] == before["selected"]
