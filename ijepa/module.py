@@ -144,6 +144,10 @@ class IJEPA(L.LightningModule):
             for masks whose token counts change per batch). With ``data.context_policy: static``
             every batch has the same shapes: ``{dynamic: false, mode: reduce-overhead}`` captures
             the step once (CUDA graphs on a GPU).
+        activation_checkpointing: 0 (off), or n: every n-th block of the online encoder and the
+            predictor (1: every block) keeps only its input for the backward pass and recomputes
+            its activations there, trading compute for the memory of those activations. The
+            target encoder needs none (no backward). Losses and gradients are unchanged.
         debug_checks: run the host-syncing index range checks inside every step (off: the
             indices come from the mask sampler and the collator checks them on the CPU).
     """
@@ -210,6 +214,7 @@ class IJEPA(L.LightningModule):
         time_unit: float = 1.0,
         compile: bool = False,
         compile_options: dict | None = None,
+        activation_checkpointing: int = 0,
         debug_checks: bool = False,
     ):
         super().__init__()
@@ -237,6 +242,7 @@ class IJEPA(L.LightningModule):
             ("weight_decay", weight_decay, 0),
             ("final_weight_decay", final_weight_decay, 0),
             ("tubelet_size", tubelet_size, 1),
+            ("activation_checkpointing", activation_checkpointing, 0),
         ):
             check_range(value, name, low)
         check_range(mlp_ratio, "mlp_ratio", 0, low_open=True)
@@ -308,6 +314,8 @@ class IJEPA(L.LightningModule):
             rescale_residuals=rescale_residuals,
             pos_options=predictor_pos_options,
         )
+        for network in (self.encoder, self.predictor):  # the networks that have a backward pass
+            network.transformer.checkpoint_every = activation_checkpointing
         self.sigreg = SIGReg(sigreg_slices) if sigreg_weight > 0 else None
         self.varcov = VarianceCovariance() if varcov_weight > 0 else None
         self.sigreg_projector = (

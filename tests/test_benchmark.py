@@ -145,3 +145,15 @@ def test_benchmark_times_the_static_shape_compiled_step_beside_the_eager_one(cap
     assert context >= 2 and targets >= 1  # one count per run: the tiny config's static masks
     assert result["static_compiled_images_per_s"] > 0 and result["static_compiled_over_eager"] > 0
     assert "static shapes + torch.compile" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_activation_memory_benchmark_measures_each_setting_in_its_own_process(capsys):
+    from ijepa.benchmark import activation_memory
+
+    result = activation_memory.main(["--model", "tiny", "--batch_size", "2", "--steps", "1", "--every", "0", "1"])
+    out = capsys.readouterr().out
+    assert [row["every"] for row in result["rows"]] == [0, 1]
+    assert all(row["peak_bytes"] >= 0 and row["seconds"] > 0 for row in result["rows"])
+    assert result["rows"][0]["memory_ratio"] in (1.0, None) and result["rows"][0]["time_ratio"] == 1.0
+    assert out.count("\n| ") == 3 and out.splitlines()[-1].startswith("ACTMEM {")  # header and a row each

@@ -332,3 +332,54 @@ def test_weight_decay_spares_biases_norms_tables_and_the_mask_token_not_kernels(
             assert (full in no_decay) == (name in spared or param.ndim < 2), full
     if pos_embed == "peg":  # a convolution's kernel is a weight
         assert "encoder.transformer.position.conv.weight" in decay
+
+
+@pytest.mark.parametrize("predictor_mode", ["per_block", "one_pass"])
+@pytest.mark.parametrize("every", [1, 2])
+def test_activation_checkpointing_keeps_losses_and_gradients_and_recomputes_the_chosen_blocks(every, predictor_mode):
+    options = {**TINY_MODEL, "depth": 4, "predictor_depth": 2, "drop_path_rate": 0.2, "predictor_mode": predictor_mode}
+    batch = next(iter(random_loader()))
+    results = {}
+    for setting in (0, every):
+        torch.manual_seed(0)
+        model = IJEPA(**options, activation_checkpointing=setting)
+        calls = {"encoder": 0, "target": 0, "predictor": 0}
+
+        def counter(name, calls=calls):
+            def hook(module, args):
+                calls[name] += 1
+
+            return hook
+
+        for name, network in (
+            ("encoder", model.encoder),
+            ("target", model.target_encoder),
+            ("predictor", model.predictor),
+        ):
+            for block in network.transformer.blocks:
+                block.register_forward_pre_hook(counter(name))
+        torch.manual_seed(1)  # stochastic depth draws from the global RNG: the same draws for both runs
+        loss = model.jepa_loss(batch)
+        loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        results[setting] = (loss.detach(), grads, dict(calls))
+    loss, grads, calls = results[every]
+    plain_loss, plain_grads, plain_calls = results[0]
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == plain_grads.keys() and any(k.startswith("predictor.") for k in grads)
+    for name in grads:
+        torch.testing.assert_close(grads[name], plain_grads[name], rtol=1e-6, atol=1e-6, msg=name)
+    # the checkpointed blocks (0, every, 2*every, ...) run again in the backward pass; the target never
+    assert calls["encoder"] == plain_calls["encoder"] + 4 // every
+    assert calls["predictor"] == plain_calls["predictor"] + 2 // every
+    assert calls["target"] == plain_calls["target"]
+
+
+def test_activation_checkpointing_is_off_at_evaluation_and_refuses_a_negative_interval():
+    model = IJEPA(**TINY_MODEL, activation_checkpointing=1)
+    with torch.no_grad():
+        assert not model.encoder.transformer.checkpoints_block(0)  # nothing to recompute without a backward
+    assert model.encoder.transformer.checkpoints_block(0) and model.predictor.transformer.checkpoints_block(0)
+    assert model.target_encoder.transformer.checkpoint_every == 0
+    with pytest.raises(ValueError, match="activation_checkpointing must be >= 0"):
+        IJEPA(**TINY_MODEL, activation_checkpointing=-1)

@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ijepa.nn.attention import Attention, BlockLayout
 from ijepa.nn.checks import check_indices, check_positive
@@ -96,6 +97,14 @@ class Transformer(nn.Module):
         rates = torch.linspace(0, drop_path_rate, depth).tolist()
         self.blocks = nn.ModuleList(Block(dim, num_heads, mlp_ratio, qkv_bias, rate, norm_eps) for rate in rates)
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.checkpoint_every = 0  # activation checkpointing: see checkpoints_block
+
+    def checkpoints_block(self, index: int) -> bool:
+        """Whether block ``index`` keeps only its input for the backward pass and recomputes its
+        activations there (``checkpoint_every = n``: blocks 0, n, 2n, ...; 0: none). Only when
+        gradients are being recorded: the target encoder and evaluation run as they are."""
+        every = self.checkpoint_every
+        return bool(every) and index % every == 0 and torch.is_grad_enabled()
 
     def forward(
         self,
@@ -142,7 +151,12 @@ class Transformer(nn.Module):
             keep = token_mask[..., None].to(tokens.dtype)
         outputs = []
         for i, block in enumerate(self.blocks):
-            tokens = block(tokens, positions, attn_mask)
+            if self.checkpoints_block(i):
+                # non-reentrant: composes with FSDP2 and torch.compile, and replays the RNG, so
+                # stochastic depth drops the same paths in the recomputation
+                tokens = checkpoint(block, tokens, positions, attn_mask, use_reentrant=False)
+            else:
+                tokens = block(tokens, positions, attn_mask)
             if keep is not None:  # e.g. PEG scatters tokens to the grid: padding must add nothing
                 tokens = tokens * keep
             tokens = position.after_block(i, tokens, indices)
