@@ -157,6 +157,7 @@ OUT_OF_RANGE = {
         num_frames=-1,
         tubelet_size=0,
         time_unit=0.0,
+        activation_checkpointing=-1,
     ),
     IJEPADataModule: dict(
         image_size=0,
