@@ -2,7 +2,8 @@
 
 ``ijepa fit|validate|test|predict --config configs/<experiment>.yaml [--key value ...]``, and
 ``ijepa convert SOURCE DESTINATION ckpt|official|hf|timm`` (:mod:`ijepa.interop.convert`), and
-``ijepa eval --config configs/eval/<protocol>.yaml --checkpoint PATH`` (:mod:`ijepa.evaluation.runner`).
+``ijepa eval --config configs/eval/<protocol>.yaml --checkpoint PATH`` (:mod:`ijepa.evaluation.runner`),
+and ``ijepa submit [options] -- fit ...`` (:mod:`ijepa.launch.submit`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
 from ijepa.callbacks.features import FeatureWriter
 from ijepa.callbacks.final_checkpoint import FinalCheckpoint
+from ijepa.data import shards
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.evaluation import runner as evaluation
 from ijepa.interop import convert
+from ijepa.launch import submit as launcher
+from ijepa.launch.requeue import StepBoundaryRequeue
 from ijepa.module import IJEPA
 from ijepa.option_errors import CLASS_KEYS, HeldBack, IJEPAArgumentParser, OptionError, built_class, innermost_error
 from ijepa.strategy import FSDP2Strategy  # noqa: F401  (importing it registers trainer.strategy: fsdp2)
@@ -105,6 +109,8 @@ class IJEPACLI(LightningCLI):
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         # The state fit ends in, saved wherever max_steps falls (ijepa.callbacks.final_checkpoint).
         parser.add_lightning_class_args(FinalCheckpoint, "final_checkpoint")
+        # Under SLURM, Lightning's requeue (hpc checkpoint, scontrol requeue) at a step boundary (ijepa.launch.requeue).
+        parser.add_lightning_class_args(StepBoundaryRequeue, "slurm_requeue")
         # `ijepa predict` writes its features and labels to a file (ijepa.callbacks.features).
         parser.add_lightning_class_args(FeatureWriter, "feature_writer")
 
@@ -255,8 +261,14 @@ def main(args: list[str] | None = None) -> None:
     if argv[:1] == ["convert"]:
         convert.main(argv[1:])
         return
+    if argv[:1] == ["prepare"]:
+        shards.main(argv[1:])
+        return
     if argv[:1] == ["eval"]:
         evaluation.main(argv[1:])
+        return
+    if argv[:1] == ["submit"]:
+        launcher.main(argv[1:], fit=main)
         return
     try:
         build_cli(args)

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ijepa.interop",),  # other checkpoint formats, built on the module
     ("ijepa.callbacks",),
     # the commands (fit & co, eval), and their errors that name the option
-    ("ijepa.cli", "ijepa.option_errors", "ijepa.evaluation", "ijepa.__main__"),
+    ("ijepa.cli", "ijepa.launch", "ijepa.option_errors", "ijepa.evaluation", "ijepa.__main__"),
     ("ijepa.explore", "ijepa.studies", "ijepa.benchmark"),
     ("ijepa",),  # the package's own __init__
 ]

@@ -185,6 +185,7 @@ OUT_OF_RANGE = {
         train_size=0, val_size=0, directions=3, speed=(0.0, 1.0), num_objects=0, fps=0.0, radius=(0.0, 0.2)
     ),
     ijepa.data.ImageFolderSource: dict(holdout_fraction=1.0),
+    ijepa.data.ShardsSource: dict(holdout_fraction=0.0),
     ijepa.data.VideoFolderSource: dict(fps=-1.0, frame_stride=0, holdout_fraction=0.0),
     ijepa.data.STL10Source: {},
     ijepa.callbacks.KNNProbe: dict(k=0, temperature=0.0, every_n_epochs=0),
@@ -197,6 +198,7 @@ OUT_OF_RANGE = {
     ),
     ijepa.callbacks.EMATargetUpdate: dict(momentum=1.5, final_momentum=-0.1),
     ijepa.callbacks.JEPAImages: dict(num_images=0),
+    ijepa.callbacks.ThroughputLogger: dict(log_every_n_steps=0, window=0, peak_tflops=0.0),
     ijepa.callbacks.Probe: dict(every_n_epochs=0),
 }
 NOT_RANGED = {"seed"}  # any int seeds the generators

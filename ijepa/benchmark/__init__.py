@@ -41,6 +41,7 @@ import torch
 from ijepa.benchmark.baseline import SeedIJEPA, python_masks
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
 from ijepa.callbacks.knn import knn_scores
+from ijepa.callbacks.throughput import step_flops  # what ThroughputLogger logs during fit
 from ijepa.cli import instantiate
 from ijepa.data.collate import MaskCollator, mask_entries
 from ijepa.data.sampling import SeededSamples
@@ -133,16 +134,6 @@ def worker_images_per_s(datamodule, repeats: int = 3) -> float:
     finally:
         torch.set_num_threads(threads)
     return hp.batch_size / statistics.median(times)
-
-
-def step_flops(loss_fn, batch) -> int:
-    """Model FLOPs of one forward + backward (``torch.utils.flop_counter``)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        loss_fn(batch).backward()
-    return counter.get_total_flops()
 
 
 def peak_memory_mb(device: torch.device) -> float:

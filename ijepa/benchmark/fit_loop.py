@@ -22,11 +22,7 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from unittest import mock
-
-import lightning as L
-import torch
 
 from ijepa.callbacks import (
     CollapseMonitor,
@@ -35,38 +31,31 @@ from ijepa.callbacks import (
     LinearProbe,
     PositionSimilarityImages,
 )
+from ijepa.callbacks.throughput import StepTimes
 from ijepa.cli import build_cli
 
 EVALUATION = (CollapseMonitor, JEPAImages, KNNProbe, LinearProbe, PositionSimilarityImages)
 
 
-class StepTimer(L.Callback):
+class StepTimer(StepTimes):
     """Records per-step compute time and the DataLoader wait before each step, after ``warmup``
-    steps. Synchronises the GPU at both ends of a step (a small cost, for honest timings)."""
+    steps, with the clock ``ThroughputLogger`` logs from. Synchronises the GPU at both ends of a
+    step (a small cost, for honest timings)."""
 
     def __init__(self, warmup: int = 20):
-        super().__init__()
+        super().__init__(sync_at_start=True)
         self.warmup = warmup
         self.step_seconds: list[float] = []
         self.wait_seconds: list[float] = []
         self.epoch_start_wait_seconds: list[float] = []
-        self._start = self._end = None
 
-    def _now(self, pl_module: L.LightningModule) -> float:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-        return time.perf_counter()
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        self._start = self._now(pl_module)
-        if self._end is not None and trainer.global_step >= self.warmup:
+    def timed(self, trainer, pl_module, batch, batch_idx: int, wait: float | None, step: float) -> None:
+        if trainer.global_step <= self.warmup:
+            return
+        self.step_seconds.append(step)
+        if wait is not None:
             # A new epoch's first batch waits for the workers to refill from empty.
-            (self.epoch_start_wait_seconds if batch_idx == 0 else self.wait_seconds).append(self._start - self._end)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self._end = self._now(pl_module)
-        if trainer.global_step > self.warmup:
-            self.step_seconds.append(self._end - self._start)
+            (self.epoch_start_wait_seconds if batch_idx == 0 else self.wait_seconds).append(wait)
 
 
 def run(config: str, overrides: list[str], steps: int, warmup: int) -> dict:

@@ -12,6 +12,7 @@ from ijepa.callbacks.linear import LinearProbe, train_linear_classifier
 from ijepa.callbacks.position_images import PositionSimilarityImages
 from ijepa.callbacks.probe import Probe, extract_features
 from ijepa.callbacks.resolution import PositionEmbeddingInterpolation
+from ijepa.callbacks.throughput import ThroughputLogger, peak_flops, step_flops
 
 __all__ = [
     "AttentivePooler",
@@ -28,12 +29,15 @@ __all__ = [
     "PositionSimilarityImages",
     "PreemptionCheckpoint",
     "Probe",
+    "ThroughputLogger",
     "ema_update_",
     "extract_features",
     "feature_std",
     "knn_scores",
+    "peak_flops",
     "position_loss_map",
     "rankme",
+    "step_flops",
     "train_attentive_classifier",
     "train_linear_classifier",
 ]

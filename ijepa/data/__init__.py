@@ -21,6 +21,7 @@ _MODULES = {
         ),
         "sources",
     ),
+    "ShardsSource": "shards",
 }
 
 
@@ -41,6 +42,7 @@ __all__ = [
     "MovingShapesSource",
     "STL10Source",
     "ShapesSource",
+    "ShardsSource",
     "SplitSettings",
     "Splits",
     "VideoFolderSource",

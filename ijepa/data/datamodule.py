@@ -301,6 +301,7 @@ class IJEPADataModule(L.LightningDataModule):
 
     def _probe_splits(self) -> None:
         # The probes' splits (and classes) from data.probe_source; the source's splits stay.
+        self.source.check_probe_source(self.probe_source)
         probe = self.probe_source.splits(self.split_settings("data.probe_source"))
         if probe.num_classes < 2:
             kind = "clips" if self.hparams.num_frames else "images"

@@ -111,6 +111,9 @@ class DataSource(abc.ABC):
     def prepare(self) -> None:  # noqa: B027  (optional: most sources have nothing to prepare)
         """Download or otherwise prepare the data once per node (``prepare_data``)."""
 
+    def check_probe_source(self, probe: DataSource) -> None:  # noqa: B027  (optional, as prepare)
+        """Refuse a ``data.probe_source`` that cannot probe what this source pretrains on."""
+
     @abc.abstractmethod
     def splits(self, settings: SplitSettings) -> Splits:
         """The four datasets at ``settings.image_size`` with the given transforms."""

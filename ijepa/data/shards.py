@@ -1,0 +1,392 @@
+"""Sharded data on ``litdata`` (Lightning's streaming data): ``ijepa prepare`` writes an image
+folder or an STL-10 split into chunked shards, :class:`ShardsSource` reads them by index.
+
+``ijepa prepare SRC DEST`` writes, under ``DEST``:
+
+* ``train/`` (and ``val/`` when ``SRC`` has ``train/`` beside ``val/`` or ``test/``): litdata
+  datasets whose items are ``{"image": the encoded file's bytes, "label": int}``. Image files are
+  stored as they are (no re-encoding), so decoding gives the pixels the folder gives; STL-10's
+  raw pixels are encoded losslessly as PNG;
+* ``ijepa_shards.json``, written last (a folder whose ``prepare`` did not finish has none): the
+  class names in index order, where the images came from, and each split's labels, so that the
+  class-balanced hold-out needs no pass over the images.
+
+:class:`ShardsSource` wraps each split as a map-style dataset over ``litdata.StreamingDataset``'s
+random access: the project's samplers keep choosing the order and each DDP rank's share, and
+augmentations and masks stay functions of ``(seed, epoch, index)``, so runs and resumes are
+exact as for the other sources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset, Subset
+
+from ijepa.data.imagefolder import UNLABELLED, RobustImageFolder, to_rgb
+from ijepa.data.sources import DataSource, Splits, SplitSettings, check_fraction, holdout_split
+from ijepa.data.stl10 import STL10
+
+INDEX_FILE = "ijepa_shards.json"
+FORMAT = "ijepa-shards"
+VERSION = 1
+STL10_SPLITS = ("train", "test", "unlabeled", "train+unlabeled")
+INSTALL = "pip install -e '.[shards]'"
+
+
+def _litdata(what: str):
+    # Imported on use: `litdata` is an optional extra, and every `ijepa` command imports this module.
+    try:
+        import litdata
+    except ImportError:
+        raise ImportError(f"{what} needs litdata, which is not installed: {INSTALL}") from None
+    return litdata
+
+
+def _is_url(root: str) -> bool:
+    return "://" in root
+
+
+def _join(root: str, name: str) -> str:
+    return f"{root.rstrip('/')}/{name}" if _is_url(root) else os.path.join(root, name)
+
+
+# --- writing --------------------------------------------------------------------------------
+class _FileBytes:
+    """``optimize``'s item function for image files: the file's bytes as stored, and its label.
+    It must not raise: an exception in a litdata worker leaves ``optimize`` waiting forever."""
+
+    def __init__(self, samples: list[tuple[str, int]]):
+        self.samples = samples
+
+    def __call__(self, index: int) -> dict:
+        path, label = self.samples[index]
+        with open(path, "rb") as f:
+            return {"image": f.read(), "label": int(label)}
+
+
+class _PNGBytes:
+    """``optimize``'s item function for raw pixels ``[N, H, W, 3]`` uint8: lossless PNG bytes."""
+
+    def __init__(self, pixels: np.ndarray, labels: list[int]):
+        self.pixels, self.labels = pixels, labels
+
+    def __call__(self, index: int) -> dict:
+        buffer = io.BytesIO()
+        Image.fromarray(self.pixels[index]).save(buffer, format="PNG")
+        return {"image": buffer.getvalue(), "label": int(self.labels[index])}
+
+
+def folder_layout(root: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]], str]:
+    """``(classes, {split: [(path, label)]}, description)`` of an image folder, listed and numbered
+    exactly as :class:`ijepa.data.ImageFolderSource` does (sorted class folders; ``val/`` or
+    ``test/`` numbered by ``train/``'s classes; loose images unlabelled)."""
+    held_out = next((root / name for name in ("val", "test") if (root / name).is_dir()), None)
+    has_train = (root / "train").is_dir()
+    if held_out is not None and not has_train:
+        raise ValueError(f"SRC={str(root)!r} has {held_out.name}/ but no train/ folder beside it.")
+    train = RobustImageFolder(str(root / "train" if has_train else root))
+    splits = {"train": train.samples}
+    layout = "train/"
+    if held_out is not None:
+        index = train.class_to_idx if len(train.classes) >= 2 else None
+        splits["val"] = RobustImageFolder(str(held_out), class_to_idx=index).samples
+        layout = f"train/ + {held_out.name}/ (written as val)"
+    elif not has_train:
+        layout = "class folders" if train.classes else "loose images (unlabelled)"
+    return list(train.classes), splits, f"image folder {root.resolve()} ({layout})"
+
+
+def stl10_layout(root: Path, split: str, val_split: str | None) -> tuple[list[str], dict[str, _PNGBytes], str]:
+    """``(classes, {split: item function}, description)`` of STL-10 splits under ``root``."""
+
+    def read(name: str) -> tuple[_PNGBytes, STL10]:
+        try:
+            data = STL10(str(root), split=name, download=False)
+        except RuntimeError as error:  # torchvision's "not found or corrupted"
+            raise FileNotFoundError(
+                f"STL-10 under {root / 'stl10_binary'} is missing or truncated ({error})."
+            ) from error
+        pixels = np.ascontiguousarray(data.data.transpose(0, 2, 3, 1))  # as torchvision's STL10 hands them to PIL
+        return _PNGBytes(pixels, [int(label) for label in data.labels]), data
+
+    train, dataset = read(split)
+    splits = {"train": train}
+    if val_split is not None:
+        splits["val"] = read(val_split)[0]
+    labelled = any(label != UNLABELLED for items in splits.values() for label in items.labels)
+    classes = list(dataset.classes) if labelled else []
+    held = f" + {val_split} (written as val)" if val_split else ""
+    return classes, splits, f"STL-10 {root.resolve()} split {split}{held}"
+
+
+def prepare(
+    src: str | Path,
+    dest: str | Path,
+    split: str | None = None,
+    val_split: str | None = None,
+    num_workers: int = 1,
+    chunk_bytes: str = "64MB",
+) -> dict:
+    """Write ``src`` (an image folder, or a folder holding ``stl10_binary/``) into shards under
+    ``dest`` (missing or empty); returns the index written to ``dest/ijepa_shards.json``."""
+    litdata = _litdata("ijepa prepare")
+    src, dest = Path(src), Path(dest)
+    if not src.is_dir():
+        raise FileNotFoundError(
+            f"SRC={str(src)!r} is not a directory: give an image folder or a folder holding stl10_binary/."
+        )
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise FileExistsError(f"DEST={str(dest)!r} is not an empty folder: give a new or empty folder for the shards.")
+    if (src / "stl10_binary").is_dir():
+        classes, functions, description = stl10_layout(src, split or "train+unlabeled", val_split)
+        labels = {name: function.labels for name, function in functions.items()}
+        sizes = {name: len(function.labels) for name, function in functions.items()}
+    else:
+        if split is not None or val_split is not None:
+            raise ValueError("--split and --val-split choose STL-10 splits; an image folder's layout gives its splits.")
+        classes, samples, description = folder_layout(src)
+        functions = {name: _FileBytes(items) for name, items in samples.items()}
+        labels = {name: [label for _, label in items] for name, items in samples.items()}
+        sizes = {name: len(items) for name, items in samples.items()}
+    dest.mkdir(parents=True, exist_ok=True)
+    # fork: spawned workers would import torch again, ~10 s each before the first item.
+    start = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    for name, function in functions.items():
+        litdata.optimize(
+            fn=function,
+            inputs=list(range(sizes[name])),
+            output_dir=str(dest / name),
+            chunk_bytes=chunk_bytes,
+            num_workers=num_workers,
+            keep_data_ordered=True,  # each worker writes a contiguous run: shard index == source index
+            reorder_files=False,
+            start_method=start,
+            verbose=False,
+        )
+    index = {
+        "format": FORMAT,
+        "version": VERSION,
+        "source": description,
+        "classes": classes,
+        "splits": {
+            name: {"size": sizes[name], "labels": labels[name] if len(classes) >= 2 else None} for name in functions
+        },
+    }
+    partial = dest / f".{INDEX_FILE}.partial"
+    partial.write_text(json.dumps(index))
+    partial.replace(dest / INDEX_FILE)  # last, and atomic: its presence means the shards are whole
+    return index
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ijepa prepare",
+        description="Write an image folder (class sub-folders, loose images, or train/ + val/) or an STL-10 "
+        "split into litdata shards, read by ijepa.data.ShardsSource.",
+    )
+    parser.add_argument("src", metavar="SRC", help="an image folder, or a folder holding stl10_binary/")
+    parser.add_argument("dest", metavar="DEST", help="a new or empty folder for the shards")
+    parser.add_argument(
+        "--split", choices=STL10_SPLITS, default=None, help="STL-10: the split written (default train+unlabeled)"
+    )
+    parser.add_argument(
+        "--val-split", choices=STL10_SPLITS, default=None, help="STL-10: a split written as val (e.g. test)"
+    )
+    parser.add_argument("--num-workers", type=int, default=1, help="processes writing shards (default 1)")
+    parser.add_argument("--chunk-bytes", default="64MB", help="bytes per shard file, e.g. 64MB (default)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """The ``ijepa prepare`` command."""
+    args = build_parser().parse_args(sys.argv[2:] if argv is None else argv)
+    try:
+        if args.num_workers < 1:
+            raise ValueError(f"--num-workers must be >= 1, got {args.num_workers}.")
+        index = prepare(args.src, args.dest, args.split, args.val_split, args.num_workers, args.chunk_bytes)
+    except (ValueError, OSError, ImportError) as error:
+        if os.environ.get("IJEPA_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {error}\n")
+        sys.exit(2)
+    sizes = ", ".join(f"{name} {split['size']}" for name, split in index["splits"].items())
+    print(f"wrote {sizes} images, {len(index['classes'])} classes, to {args.dest} ({index['source']})")
+    return index
+
+
+# --- reading --------------------------------------------------------------------------------
+def read_index(root: str, option: str) -> dict:
+    """The ``ijepa_shards.json`` of the shards at ``root`` (a folder or a URL litdata reads);
+    ``option`` names ``root`` in errors."""
+    hint = f"write shards with `ijepa prepare SRC {root}`"
+    if _is_url(root):
+        fs_provider = _litdata(f"{option}={root!r}").streaming.fs_provider
+        with tempfile.TemporaryDirectory() as folder:
+            local = os.path.join(folder, INDEX_FILE)
+            try:
+                fs_provider._get_fs_provider(root).download_file(_join(root, INDEX_FILE), local)
+                text = Path(local).read_text()
+            except Exception as error:  # each storage client raises its own
+                raise FileNotFoundError(
+                    f"{option}={root!r}: could not read {_join(root, INDEX_FILE)} ({type(error).__name__}: {error}); {hint}."
+                ) from error
+    else:
+        if not Path(root).is_dir():
+            raise FileNotFoundError(f"shard folder not found: {option}={root!r} is not a directory; {hint}.")
+        if not (Path(root) / INDEX_FILE).is_file():
+            raise ValueError(
+                f"{option}={root!r} is not a folder of ijepa shards: it has no {INDEX_FILE} (written last by "
+                f"`ijepa prepare`, so an unfinished one has none either); {hint}."
+            )
+        text = (Path(root) / INDEX_FILE).read_text()
+    try:
+        index = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{option}={root!r}: {INDEX_FILE} is not JSON ({error}); {hint}.") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION:
+        raise ValueError(f"{option}={root!r}: {INDEX_FILE} is not an index of {FORMAT} version {VERSION}; {hint}.")
+    return index
+
+
+def decode(data: bytes | memoryview, name: str) -> Image.Image:
+    """Stored image bytes -> 8-bit RGB, as the image folder reads the same file."""
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return to_rgb(image, name)
+
+
+class ShardImages(Dataset):
+    """One written split as a map-style dataset: ``(transform(image), label)`` by index, in the
+    order of the source. The ``StreamingDataset`` opens on first access in each process, so the
+    dataset pickles small into DataLoader workers."""
+
+    def __init__(
+        self,
+        url: str,
+        labels: list[int],
+        classes: list[str],
+        transform: Callable | None = None,
+        cache_dir: str | None = None,
+    ):
+        self.url, self.targets, self.classes = url, labels, classes
+        self.class_to_idx = {name: i for i, name in enumerate(classes)}
+        self.transform, self.cache_dir = transform, cache_dir
+        self._stream = None
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_stream": None}
+
+    def stream(self):
+        if self._stream is None:
+            litdata = _litdata(f"reading shards at {self.url}")
+            self._stream = litdata.StreamingDataset(self.url, cache_dir=self.cache_dir)
+            if len(self._stream) != len(self.targets):
+                raise ValueError(
+                    f"{self.url} holds {len(self._stream)} images but its {INDEX_FILE} lists {len(self.targets)}: "
+                    f"the shards changed after `ijepa prepare`; write them again."
+                )
+        return self._stream
+
+    def __getitem__(self, index: int):
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} images.")
+        index = int(index) % len(self)
+        item = self.stream()[index]
+        image = decode(item["image"], f"{self.url} item {index}")
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(item["label"])
+
+
+class ShardsSource(DataSource):
+    """Images from shards written by ``ijepa prepare`` (:mod:`ijepa.data.shards`), in a local
+    folder or at any URL litdata reads (``s3://``, ``gs://``, ``azure://``, ...). Split like
+    :class:`ImageFolderSource`: with a written ``val`` split, that is the probes' queries and
+    ``val/loss``; otherwise a deterministic, class-balanced ``holdout_fraction`` of the labelled
+    images is held out for probing and not pretrained on (unlabelled images, as STL-10's, are
+    always pretrained on). Unlabelled shards pretrain on everything.
+
+    Args:
+        root: the folder or URL that ``ijepa prepare`` wrote (holding ``ijepa_shards.json``).
+        holdout_fraction: share of each class held out for probing when there is no val split
+            (unlabelled shards: the share of the training images that val/loss reuses).
+        cache_dir: where litdata keeps chunks downloaded from a URL (null: litdata's default).
+    """
+
+    def __init__(self, root: str = "shards", holdout_fraction: float = 0.2, cache_dir: str | None = None):
+        check_fraction(holdout_fraction, "holdout_fraction")
+        self.root = root
+        self.holdout_fraction = holdout_fraction
+        self.cache_dir = cache_dir
+
+    def index(self, option: str = "data.source") -> dict:
+        """The shards' ``ijepa_shards.json`` (``option`` names this source in errors)."""
+        return read_index(self.root, f"{option}.root")
+
+    def check_probe_source(self, probe: DataSource) -> None:
+        """Refuse labelled probe shards numbered by another class index than these."""
+        if not isinstance(probe, ShardsSource):
+            return
+        ours, theirs = self.index()["classes"], probe.index("data.probe_source")["classes"]
+        if len(ours) >= 2 and len(theirs) >= 2 and ours != theirs:
+            raise ValueError(
+                f"data.probe_source.root={probe.root!r} was written with another class index than "
+                f"data.source.root={self.root!r}: {theirs} against {ours}. Write both from folders with the same class "
+                f"folders (or the probe shards from the pretraining data), so that a label means one class."
+            )
+
+    def splits(self, settings: SplitSettings) -> Splits:
+        index = self.index(settings.option)
+        classes, written = index["classes"], index["splits"]
+        num_classes = len(classes)
+
+        def labels(name: str) -> list[int]:
+            stored = written[name]["labels"]
+            return [UNLABELLED] * written[name]["size"] if stored is None else stored
+
+        def make(name: str, transform: Callable) -> ShardImages:
+            return ShardImages(_join(self.root, name), labels(name), classes, transform, self.cache_dir)
+
+        train_labels = labels("train")
+        pretrain_set = make("train", settings.train_transform)
+        eval_set = make("train", settings.eval_transform)
+        labelled = [i for i, label in enumerate(train_labels) if label != UNLABELLED]
+        if "val" in written:
+            held_set = make("val", settings.eval_transform)
+            bank = eval_set if len(labelled) == len(eval_set) or num_classes < 2 else Subset(eval_set, labelled)
+            return Splits(pretrain_set, held_set, bank, held_set, num_classes)
+        if num_classes < 2:
+            # As an unlabelled image folder: pretrain on everything; val/loss reuses a share.
+            val_idx = holdout_split([0] * len(eval_set), self.holdout_fraction)[1] or [0]
+            val_set = Subset(eval_set, val_idx)
+            return Splits(pretrain_set, val_set, eval_set, val_set, num_classes)
+        kept, held = holdout_split([train_labels[i] for i in labelled], self.holdout_fraction)
+        kept, held = [labelled[i] for i in kept], [labelled[i] for i in held]
+        if not kept or not held:
+            raise ValueError(
+                f"{settings.option}.root={self.root!r} has too few labelled images to hold out "
+                f"holdout_fraction={self.holdout_fraction} of each class for probing."
+            )
+        held_set = set(held)
+        pretrain_idx = [i for i in range(len(train_labels)) if i not in held_set]  # unlabelled ones too
+        return Splits(
+            Subset(pretrain_set, pretrain_idx),
+            Subset(eval_set, held),
+            Subset(eval_set, kept),
+            Subset(eval_set, held),
+            num_classes,
+        )

@@ -1,0 +1,100 @@
+"""The table of a sweep (``ijepa submit --table FOLDER``): each run's overrides, state and final
+``val/*`` metrics, printed as markdown and written to ``FOLDER/sweep_table.{md,csv}``.
+
+The state comes from the files the runs left: submitit's result file (``completed`` or
+``failed``), else, on SLURM, the scheduler's state (``sacct``, through submitit), else
+``running`` once the run has written anything to its folder, ``pending`` before. The metrics are the
+last value of every ``val/*`` scalar in the run's TensorBoard event files (or ``metrics.csv`` of a
+``CSVLogger``), over every version folder (a requeued run logs to a new one).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+MANIFEST = "sweep.json"
+SLURM_STATES = {"PENDING": "pending", "REQUEUED": "pending", "RUNNING": "running", "COMPLETED": "completed"}
+
+
+class TableError(ValueError):
+    """A folder that holds no sweep; the message names it."""
+
+
+def run_state(run: dict, executor: str) -> str:
+    result = Path(run["result"])
+    if result.is_file():
+        with open(result, "rb") as f:
+            outcome, _ = pickle.load(f)
+        return "completed" if outcome == "success" else "failed"
+    if executor == "slurm" and shutil.which("sacct"):
+        try:
+            import submitit  # optional (the `cluster` extra)
+
+            state = submitit.SlurmJob(folder=Path(result).parent, job_id=run["job_id"]).state
+        except Exception:  # submitit missing, sacct failing: the files tell
+            state = "UNKNOWN"
+        if state != "UNKNOWN":
+            return SLURM_STATES.get(state.split()[0], "failed")
+    root = Path(run["root"])
+    return "running" if root.is_dir() and any(root.iterdir()) else "pending"
+
+
+def final_metrics(root: Path) -> dict[str, float]:
+    """The last value (by step, then time) of every ``val/*`` scalar the run logged."""
+    last: dict[str, tuple[int, float, float]] = {}
+    if not root.is_dir():
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # slow import: table only
+
+    for path in sorted(root.rglob("events.out.tfevents.*")):
+        events = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            if tag.startswith("val/"):
+                for event in events.Scalars(tag):
+                    key = (event.step, event.wall_time, event.value)
+                    last[tag] = max(last.get(tag, key), key)
+    for path in sorted(root.rglob("metrics.csv")):
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                for tag, value in row.items():
+                    if tag.startswith("val/") and value:
+                        key = (int(row.get("step") or 0), 0.0, float(value))
+                        last[tag] = max(last.get(tag, key), key)
+    return {tag: value for tag, (_, _, value) in sorted(last.items())}
+
+
+def rows(folder: Path) -> list[dict[str, str]]:
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise TableError(f"--table {folder}: no sweep here (no {MANIFEST}; the folder given to ijepa submit --folder).")
+    manifest = json.loads(manifest_path.read_text())
+    found = []
+    for run in manifest["runs"]:
+        metrics = final_metrics(Path(run["root"]))
+        overrides = " ".join(f"{key}={value}" for key, value in run["overrides"].items())
+        row = {"run": run["run"], "job": run["job_id"], "overrides": overrides or "-"}
+        row["state"] = run_state(run, manifest["executor"])
+        found.append(row | {tag: f"{value:.4f}" for tag, value in metrics.items()})
+    return found
+
+
+def write_table(folder: Path) -> str:
+    """The sweep's table as markdown; also written to ``sweep_table.md`` and ``sweep_table.csv``."""
+    table = rows(folder)
+    columns = list(dict.fromkeys(key for row in table for key in row))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row.get(column, "") for column in columns) + " |" for row in table]
+    markdown = "\n".join(lines)
+    (folder / "sweep_table.md").write_text(markdown + "\n")
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(table)
+    (folder / "sweep_table.csv").write_text(text.getvalue())
+    return markdown

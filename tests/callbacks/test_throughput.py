@@ -1,0 +1,195 @@
+"""ThroughputLogger: images/s, tokens/s, FLOPs per step, MFU and data-wait share during ``fit``."""
+
+from types import SimpleNamespace
+from unittest import mock
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_CONFIG, TINY_MODEL
+from lightning.fabric.utilities.throughput import get_available_flops
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import ijepa.benchmark
+from ijepa.callbacks import EMATargetUpdate, ThroughputLogger, throughput
+from ijepa.callbacks.throughput import images_and_tokens, peak_flops
+from ijepa.cli import build_cli, main
+from ijepa.module import IJEPA
+
+WAIT, STEP = 0.0625, 0.25  # exact in binary: sums and differences of the stubbed clock are exact
+
+
+def stubbed_clock():
+    """Batch starts at k * (WAIT + STEP), ends STEP later: the clock's n-th reading."""
+    readings = iter(range(10_000))
+
+    def perf_counter():
+        n = next(readings)
+        return (n // 2) * (WAIT + STEP) + (n % 2) * STEP
+
+    return perf_counter
+
+
+class FirstBatch(L.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 0:
+            self.batch = {k: v.clone() for k, v in batch.items()}
+
+
+def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+@pytest.mark.slow
+def test_a_fit_logs_the_throughput_scalars_with_the_benchmarks_flops_and_exact_mfu(tmp_path, monkeypatch):
+    monkeypatch.setattr(throughput, "perf_counter", stubbed_clock())
+    args = [
+        "--config",
+        str(TINY_CONFIG),
+        "--trainer.max_steps=3",
+        "--data.source.train_size=96",
+        "--data.source.val_size=32",
+        "--trainer.limit_val_batches=0",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.callbacks+=ijepa.callbacks.ThroughputLogger",
+        "--trainer.callbacks.peak_tflops=2.5",
+    ]
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = build_cli(args, run=False)
+    first = FirstBatch()
+    # the probes and pictures are not what is measured here
+    keep = (EMATargetUpdate, ThroughputLogger, ModelCheckpoint)
+    cli.trainer.callbacks = [cb for cb in cli.trainer.callbacks if isinstance(cb, keep)] + [first]
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    logger = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ThroughputLogger))
+
+    # FLOPs of the first step as it ran, equal to the benchmark's count of the same batch
+    model = IJEPA(**{k: v for k, v in cli.model.hparams.items() if not k.startswith("_")})
+    assert logger.flops_per_step == ijepa.benchmark.step_flops(model.jepa_loss, first.batch) > 0
+
+    logged = scalars(cli.trainer.logger.log_dir)
+    # steps 2 and 3 (the first is the warm-up), on train/loss's step axis, each over one step
+    # (the default window is the logging interval, tiny.yaml's 1)
+    assert [step for step, _ in logged["throughput/mfu"]] == [step for step, _ in logged["train/loss"]][1:]
+    images, tokens = images_and_tokens(first.batch, 8, 2)
+    expected = {
+        "throughput/images_per_s": images / (WAIT + STEP),
+        "throughput/tokens_per_s": tokens / (WAIT + STEP),
+        "throughput/data_wait_share": WAIT / (WAIT + STEP),
+        "throughput/flops_per_step": logger.flops_per_step,
+        "throughput/tflops_per_s": logger.flops_per_step / STEP / 1e12,
+        "throughput/mfu": logger.flops_per_step / STEP / (2.5 * 1e12),
+    }
+    for tag, value in expected.items():  # TensorBoard stores float32
+        assert [v for _, v in logged[tag]] == [np.float32(value)] * 2, tag
+    assert 0 <= expected["throughput/data_wait_share"] <= 1
+
+
+def drive(callback, clock_steps, world_size=1):
+    """Run the callback's batch hooks over batches of 4 images 32 px, with a validation before
+    the last one; ``clock_steps`` [(wait, step)] set the clock."""
+    readings = [0.0]
+    for wait, step in clock_steps:
+        readings += [readings[-1] + wait, readings[-1] + wait + step]
+    clock = iter(readings[1:])
+    cpu = torch.device("cpu")
+    trainer = SimpleNamespace(
+        global_step=0,
+        loggers=[mock.Mock()],
+        world_size=world_size,
+        log_every_n_steps=50,
+        precision="32-true",
+        strategy=SimpleNamespace(root_device=cpu),
+    )
+    module = SimpleNamespace(device=cpu, hparams=SimpleNamespace(patch_size=8, tubelet_size=2))
+    batch = {"images": torch.zeros(4, 3, 32, 32)}
+    callback.setup(trainer, module, "fit")
+    callback.on_train_start(trainer, module)
+    with mock.patch.object(throughput, "perf_counter", lambda: next(clock)):
+        for index in range(len(clock_steps)):
+            if index == len(clock_steps) - 1:
+                callback.on_validation_start(trainer, module)
+            callback.on_train_batch_start(trainer, module, batch, index)
+            trainer.global_step += 1
+            callback.on_train_batch_end(trainer, module, None, batch, index)
+    return trainer.loggers[0].log_metrics.call_args_list
+
+
+def test_the_data_wait_share_is_the_wait_over_wait_plus_step_over_the_window():
+    callback = ThroughputLogger(log_every_n_steps=3, window=2)
+    # step 1 is the warm-up, steps 2-3 fill the window, step 4 follows a validation: not timed
+    calls = drive(callback, [(9.0, 9.0), (0.5, 1.0), (0.25, 2.0), (7.0, 1.0)], world_size=2)
+    assert len(calls) == 1 and calls[0].kwargs["step"] == 2
+    metrics = calls[0].args[0]
+    assert metrics["throughput/data_wait_share"] == (0.5 + 0.25) / (0.5 + 0.25 + 1.0 + 2.0)
+    assert metrics["throughput/images_per_s"] == 2 * 8 / (0.5 + 0.25 + 1.0 + 2.0)  # both processes
+    assert metrics["throughput/tokens_per_s"] == 2 * 8 * 16 / (0.5 + 0.25 + 1.0 + 2.0)
+    assert "throughput/mfu" not in metrics  # no FLOPs counted outside a real step
+
+
+def test_a_cpu_without_peak_tflops_logs_no_mfu_and_says_so_once(tmp_path, monkeypatch):
+    said = []
+    monkeypatch.setattr(throughput, "rank_zero_info", said.append)
+    trainer = L.Trainer(accelerator="cpu", logger=TensorBoardLogger(tmp_path), max_steps=1)
+    for peak in (None, 3.0):
+        callback = ThroughputLogger(peak_tflops=peak)
+        callback.setup(trainer, IJEPA(**TINY_MODEL), "fit")
+        callback.flops_per_step = 10**9
+        callback.steps.append((4, 64, 0.5, 1.0))
+        assert ("throughput/mfu" in callback.metrics()) == (peak is not None)
+        assert callback.metrics()["throughput/tflops_per_s"] == 1e-3
+    assert len(said) == 1 and "peak_tflops" in said[0] and said[0].startswith("ThroughputLogger: no peak FLOP/s")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("log_every_n_steps", "0", "log_every_n_steps must be >= 1 (steps) or null, got 0."),
+        ("window", "0", "window must be >= 1 (steps) or null, got 0."),
+        ("peak_tflops", "0", "peak_tflops must be a finite number > 0 (TFLOP/s of one device) or null, got 0.0."),
+    ],
+)
+def test_a_bad_option_is_an_error_naming_it_and_its_range(capsys, option, value, message):
+    args = ["--trainer.callbacks+=ijepa.callbacks.ThroughputLogger", f"--trainer.callbacks.{option}={value}"]
+    with pytest.raises(SystemExit) as exit:
+        main(["fit", "--config", str(TINY_CONFIG), *args])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"error: trainer.callbacks: ThroughputLogger: {message}"
+
+
+def test_an_infinite_peak_is_refused():
+    with pytest.raises(ValueError, match=r"^peak_tflops must be a finite number > 0 .* got inf\.$"):
+        ThroughputLogger(peak_tflops=float("inf"))
+
+
+def test_the_peak_comes_from_the_table_then_from_lightning(monkeypatch):
+    cuda = torch.device("cuda")
+
+    def peak(name, precision="bf16-mixed"):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+        return peak_flops(cuda, precision)
+
+    # Lightning does not know the plain "NVIDIA H200"; its dense figures agree with the table
+    assert peak("NVIDIA H200") == 989.4e12 and get_available_flops(cuda, torch.bfloat16) is None
+    for name in ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA L4"):
+        assert peak(name) == get_available_flops(cuda, torch.bfloat16), name
+    assert peak("NVIDIA A10") == 125e12 and peak("NVIDIA L40S") == 362.05e12
+    assert peak("NVIDIA GeForce RTX 4090") == 82.6e12  # not in the table: Lightning's
+    with mock.patch.object(torch, "get_float32_matmul_precision", lambda: "highest"):
+        assert peak("NVIDIA H100 PCIe", "32-true") == 51.2e12
+    with mock.patch.object(torch, "get_float32_matmul_precision", lambda: "high"):
+        assert peak("NVIDIA H100 PCIe", "32-true") == 378e12  # tf32
+    assert peak_flops(torch.device("cpu"), "32-true") is None
+
+
+def test_tokens_are_every_patch_of_every_image_clip_and_packed_batch():
+    assert images_and_tokens({"images": torch.zeros(2, 3, 32, 32)}, 8, 2) == (2, 32)
+    assert images_and_tokens({"images": torch.zeros(2, 3, 32, 32), "patch_size": torch.tensor(16)}, 8, 2) == (2, 8)
+    assert images_and_tokens({"images": torch.zeros(2, 3, 4, 16, 16)}, 8, 2) == (2, 16)  # 2 tubelets x 2 x 2
+    packed = {"full_ids": torch.tensor([[0, 0, 1, -1], [2, 2, 2, -1]]), "labels": torch.zeros(3)}
+    assert images_and_tokens(packed, 8, 2) == (3, 6)

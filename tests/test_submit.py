@@ -1,0 +1,277 @@
+"""``ijepa submit``: sweeps run through submitit, their table, and SLURM requeue through Lightning."""
+
+import csv
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from conftest import TINY_CONFIG
+
+from ijepa.cli import main
+from ijepa.launch.submit import FitJob
+
+# The EMA and the k-NN probe on less data: what the sweep's table and the requeue test need, at the least cost.
+PROBED = """
+trainer:
+  max_steps: 4
+  callbacks:
+    - class_path: ijepa.callbacks.EMATargetUpdate
+    - class_path: ijepa.callbacks.KNNProbe
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {save_last: true}
+data:
+  source:
+    class_path: ijepa.data.ShapesSource
+    init_args: {train_size: 128, val_size: 64}
+"""
+
+# What SLURM sets for a job of one task (srun inside sbatch).
+SLURM_TASK = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "ijepa",
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_JOB_NUM_NODES": "1",
+    "SLURM_NODELIST": "localhost",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
+
+
+def submit_error(capsys, *args) -> str:
+    with pytest.raises(SystemExit) as exit:
+        main(["submit", *args])
+    assert exit.value.code == 2
+    return capsys.readouterr().err
+
+
+def fake_commands(folder: Path, **scripts: str) -> str:
+    """A PATH with shell scripts named as the keys in front of the real one."""
+    folder.mkdir()
+    for name, body in scripts.items():
+        (folder / name).write_text("#!/bin/sh\n" + body)
+        (folder / name).chmod(0o755)
+    return f"{folder}{os.pathsep}{os.environ['PATH']}"
+
+
+@pytest.mark.slow  # two ijepa fit runs
+def test_a_local_two_point_sweep_runs_each_point_in_its_own_folder_and_its_table_lists_their_knn(tmp_path, capsys):
+    config = tmp_path / "probed.yaml"
+    config.write_text(PROBED)
+    folder = tmp_path / "sweep"
+    with mock.patch.dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"):
+        main(
+            ["submit", "--executor", "local", "--folder", str(folder), "--grid", "model.lr=1e-3,2e-3"]
+            + ["--", "fit", "--config", str(TINY_CONFIG), "--config", str(config)]
+        )
+    capsys.readouterr()
+    main(["submit", "--table", str(folder)])
+    printed = capsys.readouterr().out
+    with open(folder / "sweep_table.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [(row["overrides"], row["state"]) for row in table] == [
+        ("model.lr=1e-3", "completed"),
+        ("model.lr=2e-3", "completed"),
+    ], printed
+    assert all(0 <= float(row["val/knn_top1"]) <= 1 for row in table), printed
+    assert printed.splitlines()[0].startswith("| run | job | overrides | state |") and "val/knn_top1" in printed
+    assert (folder / "sweep_table.md").read_text().strip() == printed.strip()
+    # each point trained in its own folder, with its own learning rate
+    ends = [torch.load(next((folder / "runs" / run).rglob("last.ckpt")), weights_only=True) for run in ("000", "001")]
+    assert [end["hyper_parameters"]["lr"] for end in ends] == [1e-3, 2e-3]
+    assert [end["global_step"] for end in ends] == [4, 4]
+
+
+def test_a_slurm_sweep_is_one_job_array_with_the_resources_and_usr1_before_the_time_limit(tmp_path, capsys):
+    # sbatch records the script it is given and answers as SLURM does; sacct does not exist here
+    path = fake_commands(
+        tmp_path / "bin",
+        sbatch=f'cp "$1" {tmp_path}/job.sh\necho "Submitted batch job 777"\n',
+        srun="exit 1\n",
+    )
+    points = tmp_path / "points.yaml"
+    points.write_text("- {model.lr: 1.0e-3}\n- {model.lr: 3.0e-4, data.batch_size: 64}\n")
+    folder = tmp_path / "sweep"
+    args = ["--nodes", "2", "--gpus-per-node", "4", "--time", "30", "--partition", "gpu", "--account", "lab"]
+    with mock.patch.dict(os.environ, PATH=path):
+        main(["submit", *args, "--folder", str(folder), "--sweep-file", str(points), "--", "fit", "--config", "c.yaml"])
+        capsys.readouterr()
+        main(["submit", "--table", str(folder)])
+    script = (tmp_path / "job.sh").read_text()
+    for line in (
+        "--array=0-1",
+        "--nodes=2",
+        "--ntasks-per-node=4",
+        "--gpus-per-node=4",
+        "--time=30",
+        "--partition=gpu",
+        "--account=lab",
+        "--signal=USR1@120",
+        "--requeue",
+    ):
+        assert f"#SBATCH {line}" in script, line
+    assert "USR2" not in script  # submitit's own requeue signal is not asked for
+    runs = json.loads((folder / "sweep.json").read_text())["runs"]
+    assert [run["job_id"] for run in runs] == ["777_0", "777_1"]
+    assert [run["args"] for run in runs] == [
+        ["fit", "--config", "c.yaml", "--trainer.num_nodes=2", "--trainer.devices=4", "--model.lr=0.001"]
+        + [f"--trainer.default_root_dir={folder / 'runs' / '000'}"],
+        ["fit", "--config", "c.yaml", "--trainer.num_nodes=2", "--trainer.devices=4", "--model.lr=0.0003"]
+        + ["--data.batch_size=64", f"--trainer.default_root_dir={folder / 'runs' / '001'}"],
+    ]
+    with open(folder / "sweep_table.csv") as f:  # submitted, not started: no sacct here to ask
+        assert [row["state"] for row in csv.DictReader(f)] == ["pending", "pending"]
+
+
+def test_a_requeued_job_resumes_from_the_newest_checkpoint_of_its_folder_and_submitit_does_not_requeue(tmp_path):
+    root = tmp_path / "run"
+    seen = []
+
+    def fit(args):
+        seen.append((args, signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGUSR2)))
+
+    job = FitJob(fit, ["--config", "c.yaml", "--ckpt_path", "start.ckpt"], str(root))
+    previous = {signum: signal.signal(signum, lambda *_: None) for signum in (signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        with mock.patch("sys.argv", ["_submit.py"]):
+            job()  # first start: the command as given
+            (root / "lightning_logs" / "version_0" / "checkpoints").mkdir(parents=True)
+            for index, name in enumerate(["lightning_logs/version_0/checkpoints/last.ckpt", "hpc_ckpt_1.ckpt"]):
+                (root / name).write_bytes(b"")
+                os.utime(root / name, ns=(index, index))
+            job()  # requeued: the newest state its folder holds
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert [args for args, *_ in seen] == [
+        ["fit", "--config", "c.yaml", "--ckpt_path", "start.ckpt"],
+        ["fit", "--config", "c.yaml", f"--ckpt_path={root / 'hpc_ckpt_1.ckpt'}"],
+    ]
+    # Lightning installs its USR1 handler only where none is; submitit's on USR2 would requeue too
+    assert all(usr1 == usr2 == signal.SIG_DFL for _, usr1, usr2 in seen)
+
+
+def _fit(folder: Path, steps: int, env: dict) -> subprocess.Popen:
+    (folder.parent / "probed.yaml").write_text(PROBED)
+    command = [sys.executable, "-m", "ijepa", "fit", "--config", str(TINY_CONFIG), "--config", "../probed.yaml"]
+    command += [f"--trainer.default_root_dir={folder}", "--trainer.check_val_every_n_epoch=100"]
+    command += [f"--trainer.max_steps={steps}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **env)
+    log = open(folder / "fit.log", "a")
+    return subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.slow  # three ijepa fit runs
+def test_sigusr1_under_slurm_saves_and_requeues_and_the_requeued_job_resumes_bit_identical(tmp_path):
+    steps = 12  # 4 batches an epoch
+    # scontrol records its arguments and, as SLURM does to a requeued running job, sends SIGTERM
+    calls = tmp_path / "scontrol.log"
+    path = fake_commands(tmp_path / "bin", scontrol=f'echo "$@" >> {calls}\nkill -TERM $PPID\n')
+    slurm = dict(SLURM_TASK, PATH=path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "straight").mkdir()
+    run = _fit(tmp_path / "run", steps, slurm)
+    straight = _fit(tmp_path / "straight", steps, {})
+    log = tmp_path / "run" / "fit.log"
+    deadline = time.time() + 300
+    # the probe is the last callback's on_train_start before the one that defers Lightning's handler
+    while "k-NN probe (random init" not in log.read_text() and time.time() < deadline:
+        assert run.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.02)
+    run.send_signal(signal.SIGUSR1)
+    assert run.wait(timeout=300) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+    assert calls.read_text() == "requeue 4242\n"
+    saved = torch.load(tmp_path / "run" / "hpc_ckpt_1.ckpt", weights_only=True)
+    assert 1 <= saved["global_step"] < steps, saved["global_step"]
+
+    # The requeued job: the same command and environment, resumed from the hpc checkpoint.
+    assert _fit(tmp_path / "run", steps, slurm).wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert straight.wait(timeout=300) == 0
+    assert f"Restoring states from the checkpoint path at {tmp_path / 'run' / 'hpc_ckpt_1.ckpt'}" in log.read_text()
+    assert calls.read_text() == "requeue 4242\n"  # no second requeue
+    ends = [
+        torch.load(max((tmp_path / name).rglob("last.ckpt"), key=os.path.getmtime), weights_only=True)
+        for name in ("run", "straight")
+    ]
+    assert ends[0]["global_step"] == ends[1]["global_step"] == steps
+    for key, value in ends[1]["state_dict"].items():
+        assert torch.equal(ends[0]["state_dict"][key], value), key
+
+
+def test_submit_without_submitit_names_the_extra_to_install(capsys):
+    with mock.patch.dict(sys.modules, submitit=None):  # import submitit raises ImportError
+        err = submit_error(capsys, "--executor", "local", "--", "fit", "--config", "c.yaml")
+    assert err == "error: ijepa submit needs submitit, which is not installed: pip install -e '.[cluster]'\n"
+
+
+def test_submit_to_slurm_without_a_cluster_names_the_executor_flag_and_the_local_one(tmp_path, capsys):
+    with mock.patch.dict(os.environ, PATH=str(tmp_path)):  # no sbatch, no srun
+        err = submit_error(capsys, "--folder", str(tmp_path / "s"), "--", "fit", "--config", "c.yaml")
+    assert err.startswith("error: --executor slurm: no SLURM cluster is reachable from this machine")
+    assert "--executor local" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--grid", "model.lr"], "error: --grid: 'model.lr' is not KEY=VALUE[,VALUE...] (e.g. model.lr=1e-3,3e-4)."),
+        (["--grid", "model.lr=1e-3,"], "error: --grid: 'model.lr=1e-3,' is not KEY=VALUE[,VALUE...]"),
+        (["--grid", "model.lr=1", "model.lr=2"], "error: --grid: model.lr is given twice"),
+        (["--sweep-file", "missing.yaml"], "error: --sweep-file missing.yaml: no such file."),
+        (["--nodes", "0"], "error: --nodes must be >= 1, got 0."),
+        (["--time", "1", "--signal-delay", "60"], "error: --signal-delay must be in [1, 59] seconds"),
+    ],
+)
+def test_a_bad_sweep_or_resource_is_one_line_naming_the_flag(args, message, capsys):
+    err = submit_error(capsys, "--executor", "local", *args, "--", "fit", "--config", "c.yaml")
+    assert err.startswith(message) and len(err.splitlines()) == 1, err
+
+
+def test_a_sweep_file_of_neither_shape_is_an_error_naming_it_and_both_shapes(tmp_path, capsys):
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text('{"model.lr": 0.001}')
+    err = submit_error(capsys, "--executor", "local", "--sweep-file", str(sweep), "--", "fit", "--config", "c.yaml")
+    assert err.startswith(f"error: --sweep-file {sweep}: must be a mapping of KEY: [values] (a grid) or a list")
+
+
+@pytest.mark.parametrize("command", [[], ["--"], ["--", "validate", "--config", "c.yaml"]])
+def test_submit_without_a_fit_command_says_how_to_give_one(command, capsys):
+    err = submit_error(capsys, "--executor", "local", *command)
+    assert err.startswith("error: ijepa submit: ") and "fit" in err and len(err.splitlines()) == 1, err
+
+
+def test_a_table_of_a_folder_without_a_sweep_names_the_folder(tmp_path, capsys):
+    err = submit_error(capsys, "--table", str(tmp_path))
+    assert (
+        err == f"error: --table {tmp_path}: no sweep here (no sweep.json; the folder given to ijepa submit --folder).\n"
+    )
+
+
+def test_the_table_tells_failed_running_and_pending_runs_from_the_files_they_left(tmp_path, capsys):
+    runs = []
+    for index, outcome in enumerate(["error", None, None]):
+        root = tmp_path / "runs" / str(index)
+        result = tmp_path / "logs" / f"{index}_result.pkl"
+        result.parent.mkdir(exist_ok=True)
+        if outcome:
+            result.write_bytes(pickle.dumps((outcome, "Traceback ...")))
+        runs.append({"run": str(index), "job_id": str(index), "overrides": {"model.lr": index}, "root": str(root)})
+        runs[-1]["result"] = str(result)
+    # run 1 has started: a CSVLogger's metrics, the newest row of each val/* metric is the final one
+    (tmp_path / "runs" / "1" / "csv").mkdir(parents=True)
+    (tmp_path / "runs" / "1" / "csv" / "metrics.csv").write_text("step,val/knn_top1\n2,0.25\n4,0.5\n")
+    (tmp_path / "sweep.json").write_text(json.dumps({"executor": "local", "runs": runs}))
+    main(["submit", "--table", str(tmp_path)])
+    with open(tmp_path / "sweep_table.csv") as f:
+        table = [(row["state"], row["val/knn_top1"]) for row in csv.DictReader(f)]
+    assert table == [("failed", ""), ("running", "0.5000"), ("pending", "")], capsys.readouterr().out
