@@ -105,9 +105,10 @@ def test_compile_switch_compiles_in_place_and_keeps_checkpoint_keys():
 def test_fit_loop_splits_step_and_data_wait(capsys):
     from ijepa.benchmark import fit_loop
 
-    result = fit_loop.main(["--config", str(TINY_CONFIG), "--steps", "6", "--warmup", "2"])
+    result = fit_loop.main(["--config", str(TINY_CONFIG), "--steps", "6", "--warmup", "2", "--bare-steps", "2"])
     assert result["steps_timed"] == 4 and result["step_ms"] > 0 and result["data_wait_ms"] >= 0
     assert 0 <= result["data_wait_fraction"] < 1 and result["images_per_s"] > 0
+    assert result["loop_over_step"] == result["images_per_s"] / result["bare_step_images_per_s"] > 0
     assert "FITLOOP " in capsys.readouterr().out
 
 
