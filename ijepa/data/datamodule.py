@@ -20,7 +20,7 @@ from ijepa.data.sampling import (
     mix_seed,
 )
 from ijepa.data.sources import DataSource, SplitSettings, STL10Source
-from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ResizeCentreCrop, ToNormalizedFloat
 from ijepa.masks import MultiBlockMaskSampler, SpatioTemporalMaskSampler
 from ijepa.nn.checks import check_range
 from ijepa.nn.patch import grid_size
@@ -260,13 +260,12 @@ class IJEPADataModule(L.LightningDataModule):
         """Deterministic resize + centre crop to ``image_size``, then normalise."""
         return v2.Compose([v2.ToImage(), *self._resize_centre_crop(), *self._to_float()])
 
-    def _resize_centre_crop(self) -> list[v2.Transform]:
-        size = self.hparams.image_size
-        return [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
+    def _resize_centre_crop(self) -> list:
+        return [ResizeCentreCrop(self.hparams.image_size)]
 
     @staticmethod
-    def _to_float() -> list[v2.Transform]:
-        return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    def _to_float() -> list:
+        return [ToNormalizedFloat(IMAGENET_MEAN, IMAGENET_STD)]
 
     # --- datasets -----------------------------------------------------------------------------
     def split_settings(self, option: str = "data.source") -> SplitSettings:

@@ -13,6 +13,7 @@ import re
 from unittest import mock
 
 from ijepa.cli import LINKS, build_cli
+from ijepa.data.shards import ShardsSource
 from ijepa.data.sources import (
     DataSource,
     ImageFolderSource,
@@ -28,6 +29,7 @@ SOURCES: tuple[type[DataSource], ...] = (
     ShapesSource,
     MovingShapesSource,
     VideoFolderSource,
+    ShardsSource,
 )
 
 HEADER = """# Configuration reference

@@ -479,9 +479,16 @@ def test_datamodule_clip_mode_batches():
 def test_video_configs_fit_through_the_cli(tmp_path, name, grid):
     from unittest import mock
 
+    import yaml
+
     from ijepa.cli import build_cli
 
-    config = ROOT / "configs" / f"{name}.yaml"
+    shipped = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+    for callback in shipped["trainer"]["callbacks"]:  # the attentive probe's 400 steps a call are its own test's
+        if callback["class_path"].endswith("AttentiveProbe"):
+            callback.setdefault("init_args", {})["steps"] = 10
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(shipped))
     with mock.patch("sys.argv", ["ijepa"]):
         cli = build_cli(
             [
@@ -550,40 +557,45 @@ def test_clip_checkpoints_load_at_another_size_and_frame_count(tmp_path, pos_emb
 
 
 @pytest.mark.slow
-def test_video_quickstart_learns_the_shapes(tmp_path):
-    """The video quickstart's training as shipped (300 steps): both pooled probes on the target
-    encoder's features beat their random-init values (step 0) on the moving shape's class. To
-    save time the run validates at the end only and leaves out the attentive probe, which does
-    not change the training. About 2.5 minutes on 2 CPU cores; docs/video.md has the figures over
-    three seeds, the attentive probe's included."""
+def test_video_quickstart_learns_the_shapes_in_its_first_half(tmp_path):
+    """The video quickstart's training as shipped (300 steps, the schedules unchanged), stopped
+    after its mid-run validation at step 150: both pooled probes on the target encoder's features
+    beat their random-init values (step 0) on the moving shape's class. The attentive probe is
+    left out; it does not change the training. docs/video.md has the full runs over three seeds."""
     import csv
     from pathlib import Path
     from unittest import mock
 
+    import lightning as L
     import yaml
 
     from ijepa.cli import build_cli
+
+    class StopAtHalf(L.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            trainer.should_stop = trainer.global_step >= 150
 
     shipped = yaml.safe_load((ROOT / "configs" / "video_quickstart.yaml").read_text())
     callbacks = shipped["trainer"]["callbacks"]
     shipped["trainer"]["callbacks"] = [c for c in callbacks if not c["class_path"].endswith("AttentiveProbe")]
     assert len(shipped["trainer"]["callbacks"]) == len(callbacks) - 1
+    assert shipped["trainer"]["max_steps"] == 300 and shipped["trainer"]["check_val_every_n_epoch"] == 3
     config = tmp_path / "video_quickstart.yaml"
     config.write_text(yaml.safe_dump(shipped))
     with mock.patch("sys.argv", ["ijepa"]):
-        build_cli(
+        cli = build_cli(
             [
-                "fit",
                 "--config",
                 str(config),
-                "--trainer.check_val_every_n_epoch=6",
                 "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
                 f"--trainer.logger.save_dir={tmp_path}",
                 f"--trainer.default_root_dir={tmp_path}",
                 "--trainer.enable_progress_bar=false",
             ],
-            run=True,
+            run=False,
         )
+    cli.trainer.callbacks.append(StopAtHalf())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     (metrics_file,) = Path(tmp_path).rglob("metrics.csv")
     rows = list(csv.DictReader(metrics_file.open()))
 
@@ -591,8 +603,9 @@ def test_video_quickstart_learns_the_shapes(tmp_path):
         return {int(row["step"]): float(row[name]) for row in rows if row.get(name)}
 
     knn, linear = probe("val/knn_top1"), probe("val/linear_top1")
-    assert sorted(linear) == sorted(knn) and len(linear) == 2 and min(linear) == 0 and max(linear) >= 299, linear
-    end = max(linear)
-    # 1,000 held-out clips, 10 classes: near 0.15 one standard error is about 0.011
-    assert knn[end] > knn[0] + 0.015, knn
-    assert linear[end] > linear[0] + 0.05, linear
+    assert sorted(linear) == sorted(knn) == [0, 149], linear
+    # This test's run with --seed_everything 0, 1, 2 gained k-NN +3.8, +2.5, +4.0 points and
+    # linear +10.5, +9.4, +8.5 by step 150 (at step 100: k-NN +3.1, +3.1, linear +6.8, +4.1, too
+    # close to the noise). 1,000 held-out clips: one standard error near 0.15 is about 0.011.
+    assert knn[149] > knn[0] + 0.01, knn
+    assert linear[149] > linear[0] + 0.05, linear
