@@ -347,16 +347,18 @@ def test_the_hf_preprocessor_is_the_evaluation_transform(tmp_path, fit_checkpoin
     from transformers import AutoImageProcessor
 
     from ijepa.data import IJEPADataModule
+    from ijepa.data.transforms import ResizeCentreCrop, ToNormalizedFloat
 
     main(["convert", str(fit_checkpoint), str(tmp_path / "hf"), "hf"])
     size = TINY_MODEL["image_size"]
     steps = {type(step): step for step in IJEPADataModule(image_size=size).eval_transform().transforms}
-    resize, crop, normalize = steps[v2.Resize], steps[v2.CenterCrop], steps[v2.Normalize]
+    resize, crop = steps[ResizeCentreCrop].resize, steps[ResizeCentreCrop].crop
+    mean, std = steps[ToNormalizedFloat].mean_std
     written = json.loads((tmp_path / "hf" / "preprocessor_config.json").read_text())
     assert written["size"] == {"shortest_edge": resize.size[0]} and written["do_center_crop"]
     assert written["crop_size"] == {"height": crop.size[0], "width": crop.size[1]}
     assert written["resample"] == 2 and v2.InterpolationMode(resize.interpolation) == v2.InterpolationMode.BILINEAR
-    assert (written["image_mean"], written["image_std"]) == (list(normalize.mean), list(normalize.std))
+    assert (written["image_mean"], written["image_std"]) == (list(mean), list(std))
     # a 32 x 48 picture: resized (to itself) and centre-cropped by both, where squashing would not crop
     pixels = torch.randint(0, 256, (size, size * 3 // 2, 3), dtype=torch.uint8, generator=torch.Generator())
     picture = Image.fromarray(pixels.numpy())
