@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import copy
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,21 @@ class DataSource(abc.ABC):
     def __repr__(self) -> str:
         args = ", ".join(f"{key}={value!r}" for key, value in vars(self).items())
         return f"{type(self).__name__}({args})"
+
+
+def source_kinds() -> tuple[type[DataSource], ...]:
+    """The concrete data sources imported so far, in the order they were defined: the registry
+    the CLI's choices and the generated docs read."""
+    found: list[type[DataSource]] = []
+
+    def add(cls: type[DataSource]) -> None:
+        if not inspect.isabstract(cls) and "<locals>" not in cls.__qualname__ and cls not in found:
+            found.append(cls)
+        for subclass in cls.__subclasses__():
+            add(subclass)
+
+    add(DataSource)
+    return tuple(found)
 
 
 def source_from_config(config: dict) -> DataSource:

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-PACKABLE_POSITIONS = ("learned_2d", "sincos", "rope_axial", "rope_mixed")
+from ijepa.nn.position.registry import packable_positions
+
+PACKABLE_POSITIONS = packable_positions()  # the members whose class says `packable = True`
 
 
 def check_packable(name: str, what: str = "pos_embed") -> None:

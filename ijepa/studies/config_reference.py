@@ -13,24 +13,10 @@ import re
 from unittest import mock
 
 from ijepa.cli import LINKS, build_cli
-from ijepa.data.shards import ShardsSource
-from ijepa.data.sources import (
-    DataSource,
-    ImageFolderSource,
-    MovingShapesSource,
-    ShapesSource,
-    STL10Source,
-    VideoFolderSource,
-)
+from ijepa.data.sources import DataSource, source_kinds
 
-SOURCES: tuple[type[DataSource], ...] = (
-    STL10Source,
-    ImageFolderSource,
-    ShapesSource,
-    MovingShapesSource,
-    VideoFolderSource,
-    ShardsSource,
-)
+# Every concrete source the CLI has imported (ijepa.cli imports them all), in definition order.
+SOURCES: tuple[type[DataSource], ...] = source_kinds()
 
 HEADER = """# Configuration reference
 

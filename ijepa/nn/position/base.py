@@ -66,10 +66,14 @@ class PositionEncoding(nn.Module):
         name: the config name (``model.pos_embed``); the class is named after it
             (``rope_axial`` -> ``RopeAxialPosition``).
         dims: grid axes the member works on: 2 for images, 3 for clips.
+        packable: the member acts on each image's own integer positions alone (no whole-grid
+            table, convolution or offset bias), so NaViT's packed sequences can use it
+            (:mod:`ijepa.nn.packing`).
     """
 
     name: str = ""
     dims: int = 2
+    packable: bool = False
 
     def __new__(cls, *args, **kwargs):
         # Remember the member's own options, so at_grid can build the same member on another grid

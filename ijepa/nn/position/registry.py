@@ -40,6 +40,11 @@ def position_names(dims: int | None = None) -> tuple[str, ...]:
     return tuple(name for name, cls in POSITION_ENCODINGS.items() if dims is None or cls.dims == dims)
 
 
+def packable_positions() -> tuple[str, ...]:
+    """Registered members that NaViT packing can use (``packable``), in registry order."""
+    return tuple(name for name, cls in POSITION_ENCODINGS.items() if cls.packable)
+
+
 def build_position_encoding(
     name: str, grid: Grid, embed_dim: int, num_heads: int = 1, options: dict | None = None
 ) -> PositionEncoding:

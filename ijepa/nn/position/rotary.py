@@ -31,6 +31,7 @@ class RopeAxialPosition(PositionEncoding):
     column effects separate; no parameters."""
 
     name = "rope_axial"
+    packable = True
 
     def __init__(self, grid: Grid, embed_dim: int, num_heads: int = 1, base: float = 100.0):
         super().__init__(grid, embed_dim, num_heads)
@@ -55,6 +56,7 @@ class RopeMixedPosition(PositionEncoding):
     (angles are linear in position) but able to represent diagonal offsets."""
 
     name = "rope_mixed"
+    packable = True
 
     def __init__(self, grid: Grid, embed_dim: int, num_heads: int = 1, base: float = 10.0):
         super().__init__(grid, embed_dim, num_heads)

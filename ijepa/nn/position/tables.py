@@ -132,6 +132,7 @@ class Learned2DPosition(AdditivePosition):
     ``(H + W) D`` parameters."""
 
     name = "learned_2d"
+    packable = True
 
     def __init__(self, grid: Grid, embed_dim: int, num_heads: int = 1):
         super().__init__(grid, embed_dim, num_heads)
@@ -164,6 +165,7 @@ class SincosPosition(AdditivePosition):
     (V-JEPA / timm)."""
 
     name = "sincos"
+    packable = True
 
     def __init__(
         self,
