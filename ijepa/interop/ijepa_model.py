@@ -104,8 +104,3 @@ def save_lightning_checkpoint(model: IJEPA, path: str | Path) -> Path:
     trainer.strategy.connect(model)
     trainer.save_checkpoint(str(path))
     return Path(path)
-
-
-def is_weights_only(checkpoint: dict) -> bool:
-    """Whether a loaded checkpoint was written by :func:`save_lightning_checkpoint`."""
-    return bool(checkpoint.get(WEIGHTS_ONLY_KEY))
