@@ -29,7 +29,9 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ijepa.nn.patch import PatchEmbed
 from ijepa.nn.position import PositionEncoding
-from ijepa.nn.resize import Grid, Resizer, check_grid, resize_patch_embed_kernel
+from ijepa.nn.resize import INTERPOLATION_MODES, Grid, Resizer, check_grid, resize_patch_embed_kernel
+from ijepa.optim import parameter_order
+from ijepa.regularizers import LEGACY_PROJECTOR_PREFIX
 
 _TEMPORARY = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
 
@@ -194,7 +196,7 @@ def resize_state_dict(
     tensors (``learned`` as a 2D grid, ``learned_2d`` per axis, ``relative_bias`` over the new
     offsets; sin-cos and RoPE need nothing: they are rebuilt for the model's grid), and every
     :class:`~ijepa.nn.PatchEmbed` kernel is resized when the patch size differs. For clip models
-    ``old_grid_size`` is ``(T', H', W')``: ``learned_3d`` tables are resampled trilinearly (over
+    ``old_grid_size`` is ``(T', H', W')``: ``learned_flat_3d`` tables are resampled trilinearly (over
     time and space), ``sincos_3d`` and ``mrope`` are rebuilt.
 
     Returns ``{key: (old_shape, new_shape, resizer)}`` for every tensor it changed (the resizer
@@ -265,3 +267,210 @@ def resize_optimizer_states(
             if torch.is_tensor(value) and tuple(value.shape) == old_shape:
                 value = resizer(value)
                 state[index][moment] = value.clamp_min(0) if moment == "exp_avg_sq" else value
+
+
+# --- the model's checkpoint hooks, as functions ----------------------------------------------
+def _listed(names: list[str]) -> str:
+    return f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
+
+
+def refuse_to_save_non_finite(checkpoint: dict, step: int, advice: str) -> None:
+    """Never write non-finite weights: ``ModelCheckpoint`` deletes the previous file after a save,
+    so a NaN state written once would replace the last finite one."""
+    bad = non_finite_tensors(checkpoint["state_dict"])
+    if bad:
+        raise FloatingPointError(
+            f"refusing to write a checkpoint with non-finite weights at step {step} ({len(bad)} tensors: "
+            f"{_listed(bad)}). {advice}"
+        )
+
+
+def refuse_to_load_non_finite(checkpoint: dict, source: str = "the checkpoint") -> None:
+    """A NaN checkpoint would be scored (validate, test, predict) or trained (fit) without a word."""
+    bad = non_finite_tensors(checkpoint.get("state_dict", {}))
+    if bad:
+        raise ValueError(
+            f"{source} holds non-finite weights ({len(bad)} tensor{'s' * (len(bad) > 1)} with NaN or inf: "
+            f"{_listed(bad)}); refusing to load it. Use an earlier checkpoint of the run (previous-last.ckpt "
+            "beside last.ckpt is the one before the newest)."
+        )
+
+
+def rng_states() -> dict:
+    """The global RNG states a resumed run restores. The only global randomness of a step is
+    stochastic depth; data order, augmentations and masks are seeded per sample
+    (:mod:`ijepa.data.sampling`). Tensors only: the checkpoint loads under ``weights_only``."""
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_states(states: dict | None) -> None:
+    """Restore :func:`rng_states` (the CUDA ones only on as many devices as were saved)."""
+    if states is None:
+        return
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def resolution_record(hparams) -> dict:
+    """What a checkpoint records of the grid it was trained on (``checkpoint["resolution"]``):
+    ``load_from_checkpoint`` overwrites the saved hyperparameters with its keyword arguments
+    (e.g. ``image_size=96``), so the hyperparameters alone cannot tell."""
+    record = {"image_size": hparams["image_size"], "patch_size": hparams["patch_size"]}
+    if hparams.get("num_frames"):
+        record.update(num_frames=hparams["num_frames"], tubelet_size=hparams["tubelet_size"])
+    return record
+
+
+def saved_grid(checkpoint: dict, hparams) -> tuple[int, int, tuple[int, ...]]:
+    """``(image_size, patch_size, grid)`` a checkpoint was trained at (``grid`` is ``(T', H', W')``
+    for clip models), defaulting to ``hparams``' own where it does not say."""
+    saved = checkpoint.get("resolution") or checkpoint.get("hyper_parameters") or {}
+    image = saved.get("image_size", hparams["image_size"])
+    patch = saved.get("patch_size", hparams["patch_size"])
+    if image % patch != 0:
+        raise ValueError(f"checkpoint has image_size={image} not divisible by patch_size={patch}.")
+    grid = (image // patch,) * 2
+    if hparams.get("num_frames"):
+        frames = saved.get("num_frames", hparams["num_frames"])
+        tubelet = saved.get("tubelet_size", hparams["tubelet_size"])
+        if (patch, tubelet) != (hparams["patch_size"], hparams["tubelet_size"]):
+            raise ValueError(
+                f"a clip checkpoint can change image_size and num_frames, not the tubelet: it has patch_size={patch}, "
+                f"tubelet_size={tubelet}; this model has {hparams['patch_size']}, {hparams['tubelet_size']}."
+            )
+        grid = (frames // tubelet, *grid)
+    return image, patch, grid
+
+
+def migrate_legacy_keys(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Rename, in place, the keys of checkpoints older than ``model.regularizers``: the SIGReg
+    projector's ``sigreg_projector.*`` become ``regularizers.<i>.projector.*`` of the first
+    regulariser with a projector (where :func:`ijepa.regularizers.legacy_regularizers` puts it)."""
+    old = [key for key in state_dict if key.startswith(LEGACY_PROJECTOR_PREFIX)]
+    members = getattr(model, "regularizers", ())
+    index = next((i for i, member in enumerate(members) if member.projector is not None), None)
+    if not old or index is None:
+        return  # nothing to rename, or nowhere to put it: resize_state_dict lists the keys
+    for key in old:
+        state_dict[f"regularizers.{index}.projector.{key[len(LEGACY_PROJECTOR_PREFIX) :]}"] = state_dict.pop(key)
+
+
+def adapt_checkpoint(model: nn.Module, checkpoint: dict, mode: str = "bicubic", antialias: bool = False) -> str:
+    """Adapt, in place, a checkpoint of ``model``'s architecture saved at another image or patch
+    size (or frame count) to ``model``, before it is loaded; returns a report of what changed
+    ("" if nothing).
+
+    ``model`` is an :class:`ijepa.module.IJEPA` (its ``hparams`` and ``encoder.grid``). Keys of
+    older checkpoints are renamed (:func:`migrate_legacy_keys`); learned position tables of the
+    encoders and the predictor are interpolated, patch kernels resized (FlexiViT), sin-cos and
+    RoPE rebuilt (:func:`resize_state_dict`); AdamW's moments of resized parameters follow the
+    same map, so ``fit`` can continue at the new resolution. Anything else that does not fit
+    raises ValueError listing the keys. A checkpoint without ``state_dict`` (a sharded strategy
+    has loaded the weights itself) must be at the model's own resolution."""
+    hparams = model.hparams
+    if mode not in INTERPOLATION_MODES:
+        raise ValueError(f"position interpolation mode must be one of {INTERPOLATION_MODES}, got {mode!r}.")
+    old_image, old_patch, old_grid = saved_grid(checkpoint, hparams)
+    new_grid = tuple(model.encoder.grid)
+    if "state_dict" not in checkpoint:
+        if (old_image, old_patch, tuple(old_grid)) != (hparams["image_size"], hparams["patch_size"], new_grid):
+            raise ValueError(
+                f"the checkpoint was trained at image_size={old_image}, patch_size={old_patch} (grid {list(old_grid)}); "
+                f"this sharded run is at image_size={hparams['image_size']}, patch_size={hparams['patch_size']}. "
+                "A sharded strategy loads weights before they can be adapted: adapt the checkpoint in one process "
+                "first (IJEPA.load_from_checkpoint(path, image_size=..., patch_size=...), then save it)."
+            )
+        return ""
+    migrate_legacy_keys(model, checkpoint["state_dict"])
+    changed = resize_state_dict(model, checkpoint["state_dict"], old_grid, old_patch, mode, antialias)
+    if not changed:
+        return ""
+    resize_optimizer_states(checkpoint, changed, parameter_order(model))
+    lines = [f"  {key}: {list(old)} -> {list(new)}" for key, (old, new, _) in changed.items()]
+    saved = checkpoint.get("resolution") or checkpoint.get("hyper_parameters") or {}
+    frames = f", num_frames={saved.get('num_frames')}" if hparams.get("num_frames") else ""
+    new_frames = f", num_frames={hparams['num_frames']}" if hparams.get("num_frames") else ""
+    return (
+        f"Checkpoint adapted from image_size={old_image}, patch_size={old_patch}{frames} "
+        f"(grid {'x'.join(map(str, old_grid))}) to image_size={hparams['image_size']}, "
+        f"patch_size={hparams['patch_size']}{new_frames} (grid {'x'.join(map(str, new_grid))}) "
+        f"with {mode} interpolation:\n" + "\n".join(lines)
+    )
+
+
+def load_adapted(model: nn.Module, checkpoint: dict, mode: str = "bicubic", antialias: bool = False) -> str:
+    """Load a checkpoint's weights into ``model`` at ``model``'s resolution, exactly
+    (:func:`adapt_checkpoint`, then a strict ``load_state_dict``); the checkpoint is not changed.
+    What every path that loads weights at another size calls (the ``init_checkpoint`` of
+    :class:`ijepa.callbacks.PositionEmbeddingInterpolation`, the resolution study)."""
+    weights = {key: checkpoint.get(key) for key in ("state_dict", "hyper_parameters", "resolution")}
+    weights["state_dict"] = dict(weights["state_dict"])
+    refuse_to_load_non_finite(weights)
+    report = adapt_checkpoint(model, weights, mode, antialias)
+    model.load_state_dict(weights["state_dict"], strict=True)
+    return report
+
+
+# --- the divergence guard's advice ------------------------------------------------------------
+def saved_checkpoints(trainer) -> list[tuple[int, str]]:
+    """``(global step, path)`` of a run's checkpoints still on disk, newest step first, one per
+    step: what its checkpoint callbacks keep (``last.ckpt``, the top-k files), the
+    ``previous-last.ckpt`` that :class:`AtomicCheckpointIO` keeps, and the ``ckpt_path`` it
+    resumed from. Every one is finite: the model refuses to save or load the others."""
+    callbacks = trainer.checkpoint_callbacks if trainer is not None else []
+    resumed = trainer.ckpt_path if trainer is not None else None
+    paths = []
+    for callback in callbacks:
+        last = getattr(callback, "last_model_path", "")
+        paths += [last, str(previous_path(last)) if last else "", getattr(callback, "best_model_path", "")]
+        paths += list(getattr(callback, "best_k_models", {}))
+    paths.append(str(resumed) if resumed else "")
+    steps = {}
+    for path in dict.fromkeys(p for p in paths if p and os.path.isfile(p)):
+        try:  # mmap: reads the step, not the tensors
+            step = torch.load(path, mmap=True, weights_only=True, map_location="cpu")["global_step"]
+        except Exception:
+            continue
+        steps.setdefault(int(step), path)  # last.ckpt first: it is the one a user resumes
+    return sorted(steps.items(), reverse=True)
+
+
+def resume_advice(saved: list[tuple[int, str]], global_step: int) -> str:
+    """Which checkpoint a diverged run should resume from, and how, given
+    :func:`saved_checkpoints`."""
+    if not saved:
+        return "No checkpoint of this run was written: restart with a lower model.lr or longer model.warmup_steps."
+    (step, newest), earlier = saved[0], saved[1:]
+    # A finite checkpoint can already hold a diverging state (weights grown by an lr that is
+    # too high): resumed, even at lr 0, its next step's gradients overflow. So the advice
+    # names the checkpoint before the newest one, which AtomicCheckpointIO keeps.
+    state = (
+        "the state this diverging step started from"
+        if step == global_step
+        else "finite, but it may already hold the diverging state"
+    )
+    if not earlier:
+        return (
+            f"The only checkpoint left, {newest} (step {step}), is {state}; resume it with a lower model.lr "
+            "or a longer model.warmup_steps, or restart if it diverges again at once."
+        )
+    return (
+        f"Resume from the checkpoint before the newest, {earlier[0][1]} (step {earlier[0][0]}), with a lower "
+        f"model.lr or a longer model.warmup_steps (or precision 32-true / bf16-mixed); the newest, {newest} "
+        f"(step {step}), is {state}: resumed, it can give NaN at its next step at any learning rate. If the "
+        "one before diverges at once too, the divergence began earlier: restart with a lower model.lr."
+    )
+
+
+def non_finite_update(parameters: list[torch.Tensor], what: str) -> str | None:
+    """None if every trainable tensor is finite, else a description: a finite loss can still give
+    an update that overflows. One fused norm; its sync costs what the loss check costs."""
+    total = torch.nn.utils.get_total_norm(parameters)
+    if torch.isfinite(total):
+        return None
+    bad = sum(not torch.isfinite(p).all() for p in parameters)
+    return f"{what} ({bad} of {len(parameters)} trainable tensors hold inf or NaN; total norm {total.item()})"

@@ -30,6 +30,7 @@ from ijepa.launch import submit as launcher
 from ijepa.launch.requeue import StepBoundaryRequeue
 from ijepa.module import IJEPA
 from ijepa.option_errors import CLASS_KEYS, HeldBack, IJEPAArgumentParser, OptionError, built_class, innermost_error
+from ijepa.regularizers import migrate_legacy_hparams
 from ijepa.strategy import FSDP2Strategy  # noqa: F401  (importing it registers trainer.strategy: fsdp2)
 
 # (source, target): the target is set from the source and cannot be set itself. The image size
@@ -165,7 +166,7 @@ class IJEPACLI(LightningCLI):
                 "optimizer, schedule or step to resume. Start a new run from its weights with the "
                 "ijepa.callbacks.PositionEmbeddingInterpolation callback's init_checkpoint (docs/resolution.md)."
             )
-        hparams = checkpoint.get("hyper_parameters", {})
+        hparams = migrate_legacy_hparams(checkpoint.get("hyper_parameters", {}))
         hparams = {k: v for k, v in hparams.items() if k not in ("image_size", "patch_size", "_instantiator")}
         if not hparams:
             return

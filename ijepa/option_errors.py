@@ -19,6 +19,8 @@ import typing
 import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser
 
+from ijepa.registry import concrete_subclasses
+
 
 class OptionError(ValueError):
     """An option the run sets is out of its range or not one of its choices; the message's first
@@ -86,18 +88,11 @@ def known_classes(typehint) -> list[str]:
     """Class paths of the concrete subclasses (loaded so far) of the classes in ``typehint``,
     e.g. every data source for ``DataSource | None``, by their shortest import path."""
     found: list[type] = []
-
-    def add(cls: type) -> None:
-        if cls not in found and not inspect.isabstract(cls) and "<locals>" not in cls.__qualname__:
-            found.append(cls)
-        for subclass in cls.__subclasses__():
-            add(subclass)
-
     pending = [typehint]
     while pending:
         hint = pending.pop()
         if inspect.isclass(hint) and hint is not type(None):
-            add(hint)
+            found += [cls for cls in concrete_subclasses(hint) if cls not in found]
         pending.extend(typing.get_args(hint))
     paths = [_import_path(cls) for cls in found]
     return [path for path in paths if not any(part.startswith("_") for part in path.split("."))]  # public only

@@ -2,8 +2,12 @@
 
 Tests are laid out like the package (``tests/nn`` for ``ijepa/nn``, ``tests/data`` for
 ``ijepa/data``, ``tests/callbacks`` for ``ijepa/callbacks``); the rest of ``ijepa/`` is tested at
-the top level. ``pytest -m "not slow"`` skips the end-to-end runs (whole ``ijepa fit`` runs, DDP
-processes, notebooks) for a quick loop; CI runs everything.
+the top level, and ``tests/end_to_end`` holds the tests that run whole ``ijepa fit`` runs, DDP and
+FSDP processes and the notebooks. ``pytest -m "not slow"`` skips the slow end-to-end runs for a
+quick loop; CI runs everything.
+
+A test that needs the tiny data module or Trainer asks for ``make_datamodule`` / ``make_trainer``
+(or imports ``tiny_datamodule`` / ``tiny_trainer``) and passes only what differs from the defaults.
 """
 
 import getpass
@@ -55,25 +59,61 @@ TINY_MODEL = dict(
 )
 
 
+# The settings most tests share: TINY_MODEL's sizes, generated shapes, no workers, no random crop,
+# small target blocks that fit a 4x4 grid.
+TINY_DATA = dict(
+    image_size=32,
+    patch_size=8,
+    batch_size=32,
+    num_workers=0,
+    crop_scale=None,
+    target_scale=(0.1, 0.15),
+    min_keep=2,
+)
+# A quiet Trainer that writes nothing unless asked to.
+TINY_TRAINER = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+
+
+def tiny_datamodule(train_size: int = 64, val_size: int = 64, **overrides) -> IJEPADataModule:
+    """The tiny data module: ``ShapesSource(train_size, val_size)`` with ``TINY_DATA``; ``overrides``
+    (any IJEPADataModule argument, ``source`` included) replace the defaults."""
+    source = overrides.pop("source", None) or ShapesSource(train_size=train_size, val_size=val_size)
+    return IJEPADataModule(source=source, **{**TINY_DATA, **overrides})
+
+
+def tiny_trainer(root: Path, **overrides) -> L.Trainer:
+    """A ``TINY_TRAINER`` writing under ``root``; ``overrides`` are any other Trainer arguments."""
+    return L.Trainer(**{**TINY_TRAINER, "default_root_dir": root, **overrides})
+
+
+def save_tiny_checkpoint(model: IJEPA, path: Path) -> Path:
+    """``model`` as an untrained Lightning checkpoint at ``path`` (no fit: the weights as built)."""
+    trainer = tiny_trainer(path.parent, max_steps=0)
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(path)
+    return path
+
+
+@pytest.fixture
+def make_datamodule():
+    """``tiny_datamodule``: ``make_datamodule(batch_size=16)`` states only what differs."""
+    return tiny_datamodule
+
+
+@pytest.fixture
+def make_trainer(tmp_path):
+    """``tiny_trainer`` writing under the test's ``tmp_path``: ``make_trainer(max_steps=2, callbacks=[...])``."""
+
+    def make(**overrides) -> L.Trainer:
+        return tiny_trainer(tmp_path, **overrides)
+
+    return make
+
+
 def knn_of_checkpoint(path: Path, root: Path) -> float:
     """``val/knn_top1`` of a tiny-config checkpoint probed in one process, on the data the
     two-process tests (DDP, FSDP) train on: 192 training and 64 held-out generated shapes."""
     model = IJEPA.load_from_checkpoint(path, weights_only=True)
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=192, val_size=64),
-        image_size=32,
-        patch_size=8,
-        batch_size=32,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
-    trainer = L.Trainer(
-        callbacks=[KNNProbe()],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=root,
-    )
+    data = tiny_datamodule(train_size=192, val_size=64)
+    trainer = tiny_trainer(root, callbacks=[KNNProbe()])
     return trainer.validate(model, datamodule=data, verbose=False)[0]["val/knn_top1"]

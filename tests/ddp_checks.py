@@ -26,11 +26,11 @@ class DDPChecks(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         sums = torch.stack(
             [
-                batch["images"].sum(),
-                batch["context_indices"].float().sum(),
+                batch.images.sum(),
+                batch.context_indices.float().sum(),
                 (
-                    batch["target_indices"].float()
-                    * torch.arange(1, batch["target_indices"][0].numel() + 1).view(batch["target_indices"][0].shape)
+                    batch.target_indices.float()
+                    * torch.arange(1, batch.target_indices[0].numel() + 1).view(batch.target_indices[0].shape)
                 ).sum(),
             ]
         )

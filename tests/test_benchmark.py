@@ -9,6 +9,7 @@ from conftest import TINY_CONFIG, TINY_MODEL
 
 from ijepa.benchmark import main, packing
 from ijepa.benchmark.baseline import SeedIJEPA, python_masks
+from ijepa.data.batch import GridBatch
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
 
@@ -53,7 +54,7 @@ def test_seed_style_baseline_matches_the_model_on_sincos_and_learned():
         model = IJEPA(**{**TINY_MODEL, "pos_embed": pos, "predictor_pos_embed": pos})
         sampler = MultiBlockMaskSampler(4, 3, (0.1, 0.2), min_keep=2)
         context, targets = sampler(6, torch.Generator().manual_seed(1))
-        batch = {"images": torch.randn(6, 3, 32, 32), "context_indices": context, "target_indices": targets}
+        batch = GridBatch(torch.randn(6, 3, 32, 32), context, targets)
         with torch.no_grad():
             torch.testing.assert_close(SeedIJEPA(model).loss(batch), model.jepa_loss(batch), rtol=1e-5, atol=1e-6)
 
@@ -70,7 +71,7 @@ def test_index_checks_are_off_in_the_step_unless_debugging():
 
     sampler = MultiBlockMaskSampler(4, 2, (0.1, 0.2), min_keep=2)
     context, targets = sampler(2, torch.Generator().manual_seed(0))
-    batch = {"images": torch.randn(2, 3, 32, 32), "context_indices": context, "target_indices": targets}
+    batch = GridBatch(torch.randn(2, 3, 32, 32), context, targets)
     for debug in (False, True):
         model = IJEPA(**TINY_MODEL, debug_checks=debug)
         seen = []

@@ -132,7 +132,7 @@ def test_test_and_predict_from_checkpoint(fitted_run):
         source=ShapesSource(train_size=640, val_size=160), image_size=32, patch_size=8, num_workers=0
     )
     data.setup("predict")
-    assert labels.tolist() == torch.cat([batch["labels"] for batch in data.predict_dataloader()]).tolist()
+    assert labels.tolist() == torch.cat([batch.labels for batch in data.predict_dataloader()]).tolist()
 
 
 @pytest.mark.parametrize("refused", [["--optimizer=Adam"], ["--lr_scheduler.class_path=StepLR"], "config"])
@@ -164,9 +164,17 @@ def test_sigreg_keeps_the_features_from_collapsing_dimensionally(tmp_path):
         crop_scale=None,
     )
     data.setup("fit")
-    images = torch.cat([batch["images"] for batch in data.knn_test_dataloader()])
+    images = torch.cat([batch.images for batch in data.knn_test_dataloader()])
     final = {}
-    for name, extra in (("plain", []), ("sigreg", ["--model.sigreg_weight=0.2", "--model.sigreg_tokens=256"])):
+    for name, extra in (
+        ("plain", []),
+        (
+            "sigreg",
+            [
+                '--model.regularizers=[{"class_path": "ijepa.regularizers.SIGReg", "init_args": {"weight": 0.2, "tokens": 256}}]'
+            ],
+        ),
+    ):
         cwd = tmp_path / name
         cwd.mkdir()
         run_cli("fit", "--config", str(CONFIG), "--trainer.max_steps=80", *extra, cwd=cwd)

@@ -7,6 +7,7 @@ from ijepa.cli import IJEPACLI
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.module import IJEPA
 from ijepa.nn.position import POSITION_ENCODINGS, position_names
+from ijepa.regularizers import VarianceCovariance
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -29,7 +30,7 @@ def test_config_builds(config, tmp_path):
         assert (data.mask_sampler.grid_time, data.grid_size, data.grid_size) == model.encoder.grid
         assert {"EMATargetUpdate", "KNNProbe", "LinearProbe", "ModelCheckpoint", "CollapseMonitor"} <= callbacks
         return
-    assert data.grid_size == model.encoder.grid_size
+    assert (data.grid_size, data.grid_size) == model.encoder.grid
     assert {
         "EMATargetUpdate",
         "KNNProbe",
@@ -79,7 +80,7 @@ def test_an_option_the_encoding_does_not_have_is_refused_by_name(tmp_path):
 
 @pytest.mark.parametrize(
     "quickstart, levers",
-    [("quickstart.yaml", {"varcov_weight", "target_norm"}), ("video_quickstart.yaml", {"varcov_weight"})],
+    [("quickstart.yaml", {"regularizers", "target_norm"}), ("video_quickstart.yaml", {"regularizers"})],
 )
 def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path, quickstart, levers):
     """The image quickstart is plain I-JEPA plus the variance-covariance terms on the tokens and
@@ -91,10 +92,9 @@ def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path, quickst
     plain = IJEPACLI(
         IJEPA, IJEPADataModule, run=False, args=args + ["--config", str(root / "ablations" / "plain_ijepa.yaml")]
     )
-    assert recipe.model.hparams.varcov_weight > 0 and recipe.model.varcov is not None
-    assert plain.model.hparams.varcov_weight == 0 and plain.model.varcov is None
-    assert plain.model.hparams.varcov_input == "tokens"  # the plain row's +varcov lever is the tokens' term
-    assert plain.model.hparams.sigreg_weight == 0 and plain.model.sigreg is None
+    (term,) = recipe.model.regularizers
+    assert isinstance(term, VarianceCovariance) and term.weight > 0 and term.input == "tokens"
+    assert plain.model.hparams.regularizers == [] and len(plain.model.regularizers) == 0
     assert plain.model.hparams.target_last_blocks == 1 and plain.model.hparams.rescale_residuals
     assert plain.datamodule.hparams.context_policy == "thin"
     # nothing else differs: the ablation's rows are each this plain recipe plus one lever

@@ -2,15 +2,19 @@
 
 import pytest
 import torch
+from conftest import TINY_MODEL, save_tiny_checkpoint
 
 from ijepa.explore import (
+    bias_offset_map,
     encoder_report,
+    load_model,
     mask_statistics,
     position_channel_map,
     position_similarity_map,
     rope_offset_scores,
 )
 from ijepa.masks import MultiBlockMaskSampler
+from ijepa.module import IJEPA
 from ijepa.nn import VisionTransformer, build_position_encoding
 from ijepa.pictures import patch_grid_image, to_png
 
@@ -95,7 +99,7 @@ def test_rope_scores_depend_only_on_the_offset(name):
 
 
 def test_encoder_report():
-    encoder = VisionTransformer(32, 8, embed_dim=32, depth=2, num_heads=2, pos_embed="learned")
+    encoder = VisionTransformer.for_images(32, 8, embed_dim=32, depth=2, num_heads=2, pos_embed="learned")
     images = torch.randn(3, 3, 32, 32)
     full = encoder_report(encoder, images)
     assert full["output_shape"] == (3, 16, 32) and full["indices_shape"] is None
@@ -107,12 +111,6 @@ def test_encoder_report():
 
 
 def test_bias_offset_map_and_checkpoint_loading(tmp_path):
-    import lightning as L
-    from conftest import TINY_MODEL
-
-    from ijepa.explore import bias_offset_map, load_model
-    from ijepa.module import IJEPA
-
     position = build_position_encoding("relative_bias", (3, 4), 16, 2)
     bias_map = bias_offset_map(position, head=1)
     torch.testing.assert_close(bias_map, position.table[:, 1].detach().view(5, 7))  # the table, as offsets
@@ -124,10 +122,7 @@ def test_bias_offset_map_and_checkpoint_loading(tmp_path):
         bias_offset_map(build_position_encoding("sincos", (3, 4), 16))
 
     model = IJEPA(**{**TINY_MODEL, "pos_embed": "learned"})
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, max_steps=0)
-    trainer.strategy.connect(model)
-    path = tmp_path / "model.ckpt"
-    trainer.save_checkpoint(path)
+    path = save_tiny_checkpoint(model, tmp_path / "model.ckpt")
     loaded = load_model(str(path))
     torch.testing.assert_close(loaded.encoder.position.table(), model.encoder.position.table())
     bigger = load_model(str(path), image_size=48)  # 4x4 -> 6x6 grid, table interpolated

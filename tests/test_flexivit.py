@@ -117,12 +117,12 @@ def test_each_batch_draws_its_patch_size_and_samples_its_masks_on_that_grid():
     for seed in range(40):
         samples = [(torch.zeros(3, 48, 48), 0, seed * 8 + i) for i in range(4)]
         batch = collate(samples)
-        size = batch["patch_size"]
+        size = batch.patch_size
         seen[size] = seen.get(size, 0) + 1
         patches = (48 // size) ** 2
-        assert int(batch["target_indices"].max()) < patches and int(batch["context_indices"].max()) < patches
+        assert int(batch.target_indices.max()) < patches and int(batch.context_indices.max()) < patches
         again = collate(samples)  # the same samples: the same patch size and masks
-        assert again["patch_size"] == size and torch.equal(again["target_indices"], batch["target_indices"])
+        assert again.patch_size == size and torch.equal(again.target_indices, batch.target_indices)
     assert set(seen) == set(SIZES) and min(seen.values()) >= 5, seen
 
 
@@ -139,7 +139,7 @@ def test_the_loss_of_a_batch_cut_at_another_patch_size_reaches_every_parameter_i
     batch = MaskCollator(MultiBlockMaskSampler(6), patch_samplers=samplers)(
         [(torch.randn(3, 48, 48), 0, i) for i in range(3)]
     )
-    assert batch["patch_size"] == 12
+    assert batch.patch_size == 12
     loss = model.jepa_loss(batch)
     loss.backward()
     for name in (

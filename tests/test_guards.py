@@ -203,5 +203,5 @@ def test_collapse_monitor_logs_the_random_init_reference_at_step_0(tmp_path):
     # the logged value is the RankMe of the random-init target encoder's pooled val features
     loader = data.val_dataloader()
     with torch.no_grad():
-        features = torch.cat([model.target_encoder(b["images"]).mean(1) for b in loader])
+        features = torch.cat([model.target_encoder(b.images).mean(1) for b in loader])
     assert float(at_start[0]["val/rankme"]) == pytest.approx(float(rankme(features)), rel=1e-4)

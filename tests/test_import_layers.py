@@ -18,7 +18,14 @@ PACKAGE = ROOT / "ijepa"
 # Bottom to top. A module belongs to the first entry that is its name or a parent package of it.
 LAYERS: list[tuple[str, ...]] = [
     ("ijepa.nn",),  # plain PyTorch: tokens, attention, positions, resizing of tensors
-    ("ijepa.regularizers", "ijepa.schedules", "ijepa.masks", "ijepa.pictures"),  # plain functions and modules
+    (
+        "ijepa.registry",
+        "ijepa.regularizers",
+        "ijepa.schedules",
+        "ijepa.optim",
+        "ijepa.masks",
+        "ijepa.pictures",
+    ),  # plain functions and modules
     ("ijepa.checkpoint", "ijepa.data", "ijepa.strategy"),  # checkpoint files; data; the fsdp2 strategy
     ("ijepa.module",),  # the LightningModule
     ("ijepa.interop",),  # other checkpoint formats, built on the module

@@ -160,7 +160,7 @@ def test_load_official_at_another_image_size_keeps_the_weights():
     model = trained_like()
     size = MODEL["image_size"] + MODEL["patch_size"]
     loaded = load_official(to_official(model), MODEL["num_heads"], MODEL["predictor_num_heads"], image_size=size)
-    assert loaded.encoder.grid_size == size // MODEL["patch_size"]
+    assert loaded.encoder.grid == (size // MODEL["patch_size"],) * 2
     torch.testing.assert_close(loaded.encoder.patch_embed.proj.weight, model.encoder.patch_embed.proj.weight)
 
 

@@ -55,7 +55,7 @@ def images(n: int = 3, size: int = 32) -> torch.Tensor:
 def trained_encoder(pos_embed: str, seed: int = 0) -> VisionTransformer:
     """An encoder whose every parameter (biases and LayerNorms too) is away from its init."""
     torch.manual_seed(seed)
-    encoder = VisionTransformer(**SIZES, pos_embed=pos_embed).eval()
+    encoder = VisionTransformer.for_images(**SIZES, pos_embed=pos_embed).eval()
     with torch.no_grad():
         for p in encoder.parameters():
             p.add_(0.05 * torch.randn_like(p))

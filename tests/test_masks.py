@@ -176,23 +176,23 @@ def test_collator_builds_masked_batch():
     collate = MaskCollator(MultiBlockMaskSampler(4, min_keep=1, context_policy="pad"))
     samples = [(torch.randn(3, 32, 32), i) for i in range(5)]
     batch = collate(samples)
-    assert batch["images"].shape == (5, 3, 32, 32)
-    assert batch["labels"].tolist() == [0, 1, 2, 3, 4]
-    assert batch["context_indices"].shape[0] == 5
-    assert batch["target_indices"].shape[:2] == (5, 4)
-    assert torch.equal(batch["context_mask"], context_padding_mask(batch["context_indices"]))
-    assert "context_mask" not in MaskCollator(MultiBlockMaskSampler(4, min_keep=1, context_policy="thin"))(samples)
+    assert batch.images.shape == (5, 3, 32, 32)
+    assert batch.labels.tolist() == [0, 1, 2, 3, 4]
+    assert batch.context_indices.shape[0] == 5
+    assert batch.target_indices.shape[:2] == (5, 4)
+    assert torch.equal(batch.context_mask, context_padding_mask(batch.context_indices))
+    assert MaskCollator(MultiBlockMaskSampler(4, min_keep=1, context_policy="thin"))(samples).context_mask is None
 
 
 def test_collator_samples_several_mask_sets_per_image_in_blocks_of_the_batch():
     collate = MaskCollator(MultiBlockMaskSampler(6, min_keep=2), masks_per_image=3)
     samples = [(torch.randn(3, 48, 48), i) for i in range(4)]
     batch = collate(samples)
-    assert batch["images"].shape[0] == 4
-    assert batch["context_indices"].shape[0] == 12 and batch["target_indices"].shape[:2] == (12, 4)
+    assert batch.images.shape[0] == 4
+    assert batch.context_indices.shape[0] == 12 and batch.target_indices.shape[:2] == (12, 4)
     # each image gets three different mask sets (rows i, 4 + i, 8 + i)
     for i in range(4):
-        sets = {tuple(batch["target_indices"][r * 4 + i].flatten().tolist()) for r in range(3)}
+        sets = {tuple(batch.target_indices[r * 4 + i].flatten().tolist()) for r in range(3)}
         assert len(sets) == 3
     with pytest.raises(ValueError, match="masks_per_image"):
         MaskCollator(MultiBlockMaskSampler(6), masks_per_image=0)

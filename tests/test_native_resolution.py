@@ -62,7 +62,7 @@ def test_the_packed_jepa_loss_equals_each_image_run_alone(pos_embed):
     torch.manual_seed(0)
     model = IJEPA(**MODEL, pos_embed=pos_embed, predictor_pos_embed=pos_embed)
     samples, batch = native_batch()
-    assert batch["full_values"].size(0) < len(samples)  # images share sequences
+    assert batch.full.values.size(0) < len(samples)  # images share sequences
     loss, pooled = model.jepa_step(batch)
     total, count = per_image_loss(model, samples, PackedMaskCollator(8, (6, 6), 72, **MASKS))
     torch.testing.assert_close(loss, total / count, rtol=1e-5, atol=1e-6)
@@ -73,7 +73,7 @@ def test_every_image_is_packed_whole_within_the_budget_and_masked_on_its_own_gri
     samples, batch = native_batch(token_drop=0.25)
     sizes = [(s[0].size(-2) // 8) * (s[0].size(-1) // 8) for s in samples]
     assert len({s[0].shape for s in samples}) > 2  # mixed sizes and aspect ratios
-    full_ids, context_ids = batch["full_ids"], batch["context_ids"]
+    full_ids, context_ids = batch.full.image_ids, batch.context.image_ids
     for i, n in enumerate(sizes):
         assert int((full_ids == i).sum()) == n  # every patch of every image, once
         # NaViT's token drop on the context: a quarter of each context gone, never below one token
@@ -81,16 +81,16 @@ def test_every_image_is_packed_whole_within_the_budget_and_masked_on_its_own_gri
     assert full_ids.size(1) <= 72 and context_ids.size(1) <= 72
     # context and target tokens of an image are disjoint positions on its own grid
     for i in range(len(samples)):
-        context = set(batch["context_positions"][context_ids == i].tolist())
-        targets = batch["pred_positions"][(batch["pred_ids"] == i) & (batch["pred_target_slot"] >= 0)]
+        context = set(batch.context.positions[context_ids == i].tolist())
+        targets = batch.pred.positions[(batch.pred.image_ids == i) & (batch.pred_target_slot >= 0)]
         grid = (samples[i][0].size(-2) // 8, samples[i][0].size(-1) // 8)
         allowed = set(canvas_positions(grid, (6, 6)).tolist())
         assert context <= allowed and set(targets.tolist()) <= allowed
         assert not context & set(targets.tolist())
     # the target slots point at the target encoder's tokens at the same positions
-    slots = batch["pred_target_slot"][batch["pred_target_slot"] >= 0]
-    pos = batch["pred_positions"][batch["pred_target_slot"] >= 0]
-    assert torch.equal(batch["full_positions"].flatten()[slots], pos)
+    slots = batch.pred_target_slot[batch.pred_target_slot >= 0]
+    pos = batch.pred.positions[batch.pred_target_slot >= 0]
+    assert torch.equal(batch.full.positions.flatten()[slots], pos)
     assert patchify(samples[0][0], 8).shape[1] == 3 * 64
 
 

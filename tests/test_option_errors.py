@@ -18,6 +18,7 @@ from conftest import TINY_CONFIG, TINY_MODEL
 from lightning.pytorch.callbacks import Callback
 
 import ijepa.callbacks
+import ijepa.regularizers
 from ijepa.cli import build_cli, main
 from ijepa.data import IJEPADataModule
 from ijepa.data.sources import DataSource, ShapesSource
@@ -141,12 +142,6 @@ OUT_OF_RANGE = {
         predictor_depth=0,
         predictor_num_heads=0,
         target_last_blocks=3,  # the depth is 2
-        sigreg_weight=1.5,
-        sigreg_tokens=1,
-        sigreg_slices=0,
-        sigreg_projector=[64, 0],
-        sigreg_projector_share=-0.1,
-        varcov_weight=-1.0,
         lr=-1e-3,
         start_lr=-1.0,
         final_lr=-1.0,
@@ -200,6 +195,19 @@ OUT_OF_RANGE = {
     ijepa.callbacks.JEPAImages: dict(num_images=0),
     ijepa.callbacks.ThroughputLogger: dict(log_every_n_steps=0, window=0, peak_tflops=0.0),
     ijepa.callbacks.Probe: dict(every_n_epochs=0),
+    ijepa.regularizers.SIGReg: dict(
+        weight=1.5, tokens=1, projector=[64, 0], projector_share=-0.1, slices=0, num_points=1, t_max=0.0
+    ),
+    ijepa.regularizers.VarianceCovariance: dict(
+        weight=-1.0,
+        tokens=1,
+        projector=[64, 0],
+        projector_share=1.5,
+        variance_weight=-1.0,
+        covariance_weight=-1.0,
+        target_std=0.0,
+        eps=0.0,
+    ),
 }
 NOT_RANGED = {"seed"}  # any int seeds the generators
 CASES = [(cls, option, value) for cls, options in OUT_OF_RANGE.items() for option, value in options.items()]
@@ -238,7 +246,8 @@ def test_the_table_above_covers_every_numeric_option(cls):
 def test_every_callback_and_source_with_numeric_options_is_in_the_table():
     exported = [getattr(ijepa.callbacks, name) for name in ijepa.callbacks.__all__]
     callbacks = [c for c in exported if isinstance(c, type) and issubclass(c, Callback)]
-    assert {c for c in callbacks + concrete_sources() if numeric_options(c)} <= set(OUT_OF_RANGE)
+    regularizers = list(ijepa.regularizers.regularizer_kinds())
+    assert {c for c in callbacks + concrete_sources() + regularizers if numeric_options(c)} <= set(OUT_OF_RANGE)
 
 
 def nan_value(hint):

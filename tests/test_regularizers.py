@@ -1,16 +1,32 @@
-"""SIGReg and VICReg's variance-covariance terms: statistics, gradients, and global-batch values under DDP."""
+"""The regularisers: SIGReg's and VICReg's statistics, gradients and global-batch values under DDP;
+as ``model.regularizers`` members, how they join the loss, and old checkpoints' flat options."""
 
+import functools
 import math
 import os
 import socket
 
+import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import TINY_CONFIG
 
+from ijepa.cli import build_cli
+from ijepa.data.batch import GridBatch
 from ijepa.module import IJEPA
-from ijepa.regularizers import Projector, SIGReg, VarianceCovariance, epps_pulley_terms, random_directions
+from ijepa.regularizers import (
+    ContextTokens,
+    Projector,
+    Regularizer,
+    SIGReg,
+    VarianceCovariance,
+    epps_pulley_terms,
+    random_directions,
+    regularizer_kinds,
+    sample_tokens,
+)
 
 # a one-block model whose step runs in milliseconds, for the regularisers inside IJEPA
 TINY_MODEL = dict(
@@ -29,14 +45,14 @@ def test_sigreg_is_near_its_gaussian_expectation_for_gaussian_samples_at_any_bat
     # E[N |phi_N(t) - phi(t)|^2] = 1 - exp(-t^2), integrated against exp(-t^2/2) over [-3, 3]
     t = torch.linspace(-3, 3, 20001)
     expected = float(torch.trapezoid((1 - torch.exp(-(t**2))) * torch.exp(-(t**2) / 2), t))
-    sigreg = SIGReg(num_slices=512)
+    sigreg = SIGReg(slices=512).statistic
     for n in (256, 4096):
-        values = [float(sigreg(torch.randn(n, 64), seed=s)) for s in range(4)]
+        values = [float(sigreg(torch.randn(n, 64), step=s)) for s in range(4)]
         assert sum(values) / len(values) == pytest.approx(expected, rel=0.15)
 
 
 def test_sigreg_is_large_for_collapsed_low_rank_and_shrunk_samples():
-    sigreg = SIGReg()
+    sigreg = SIGReg().statistic
     gaussian = float(sigreg(torch.randn(1024, 64)))
     collapsed = float(sigreg(torch.ones(1024, 64) * 0.3))
     low_rank = float(sigreg(torch.randn(1024, 2) @ torch.randn(2, 64) / math.sqrt(2)))
@@ -46,7 +62,7 @@ def test_sigreg_is_large_for_collapsed_low_rank_and_shrunk_samples():
 
 
 def test_sigreg_grows_with_the_sample_count_when_not_gaussian():
-    sigreg = SIGReg()
+    sigreg = SIGReg().statistic
     low_rank = torch.randn(4096, 1) @ torch.randn(1, 32)
     assert float(sigreg(low_rank)) > 3 * float(sigreg(low_rank[:1024]))
 
@@ -54,16 +70,16 @@ def test_sigreg_grows_with_the_sample_count_when_not_gaussian():
 def test_gradient_steps_push_a_collapsed_batch_apart():
     torch.manual_seed(0)
     x = (torch.randn(512, 1) @ torch.randn(1, 32) * 0.1 + 0.01 * torch.randn(512, 32)).requires_grad_(True)
-    sigreg = SIGReg(num_slices=128)
+    sigreg = SIGReg(slices=128).statistic
     optimizer = torch.optim.Adam([x], lr=0.05)
-    start_value = float(sigreg(x.detach(), seed=0))
+    start_value = float(sigreg(x.detach(), step=0))
     start = torch.linalg.svdvals(x.detach())
     assert start[-1] / start[0] < 0.05  # nearly rank 1
     for step in range(200):
         optimizer.zero_grad()
-        sigreg(x, seed=step).backward()
+        sigreg(x, step=step).backward()
         optimizer.step()
-    assert float(sigreg(x, seed=999)) < start_value / 20
+    assert float(sigreg(x, step=999)) < start_value / 20
     singular = torch.linalg.svdvals(x.detach())
     assert singular[-1] / singular[0] > 0.2  # every direction filled
 
@@ -97,7 +113,7 @@ def test_characteristic_function_sums_have_the_analytic_gradient():
     assert torch.allclose(grad.double(), expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("kwargs", [{"num_slices": 0}, {"num_points": 1}, {"t_max": 0.0}])
+@pytest.mark.parametrize("kwargs", [{"slices": 0}, {"num_points": 1}, {"t_max": 0.0}])
 def test_bad_settings_name_the_parameter(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         SIGReg(**kwargs)
@@ -105,7 +121,7 @@ def test_bad_settings_name_the_parameter(kwargs):
 
 def test_bad_input_shape_is_an_error():
     with pytest.raises(ValueError, match="embeddings"):
-        SIGReg()(torch.randn(4, 5, 6))
+        SIGReg().statistic(torch.randn(4, 5, 6))
 
 
 def _free_port() -> int:
@@ -119,7 +135,7 @@ def _rank_worker(rank: int, world: int, port: int, x: torch.Tensor, out: dict) -
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     share = x.chunk(world)[rank].clone().requires_grad_(True)
-    value = SIGReg(num_slices=64)(share, seed=7)
+    value = SIGReg(slices=64).statistic(share, step=7)
     # DDP averages parameter gradients over ranks: do the same for the (per-sample) input gradient
     (value / world).backward()
     out[rank] = (value.detach(), share.grad.clone())
@@ -129,7 +145,7 @@ def _rank_worker(rank: int, world: int, port: int, x: torch.Tensor, out: dict) -
 def test_two_ranks_compute_the_global_batch_statistic_and_its_gradient():
     x = torch.randn(96, 16) @ torch.randn(16, 16) * 0.5
     whole = x.clone().requires_grad_(True)
-    value = SIGReg(num_slices=64)(whole, seed=7)
+    value = SIGReg(slices=64).statistic(whole, step=7)
     value.backward()
     manager = mp.Manager()
     out = manager.dict()
@@ -162,39 +178,6 @@ def test_projector_rejects_empty_or_non_positive_widths(widths):
         Projector(32, widths)
 
 
-def test_sigreg_behind_the_projector_trains_the_projector_and_the_encoder():
-    torch.manual_seed(0)
-    tiny = dict(TINY_MODEL, sigreg_weight=0.5)
-    model = IJEPA(**tiny, sigreg_projector=[64, 16])
-    assert isinstance(model.sigreg_projector, Projector) and model.sigreg_projector[-1].out_features == 16
-    assert IJEPA(**tiny).sigreg_projector is None
-    assert IJEPA(**{**tiny, "sigreg_weight": 0.0}, sigreg_projector=[64, 16]).sigreg_projector is None
-    images = torch.randn(4, 3, 32, 32)
-    context = torch.tensor([[0, 1, 2, 3, 4, 5]] * 4)
-    targets = torch.tensor([[[10, 11], [14, 15]]] * 4)
-    loss = model.jepa_loss({"images": images, "context_indices": context, "target_indices": targets})
-    loss.backward()
-    assert model.sigreg_projector[0].weight.grad.abs().sum() > 0
-    assert model.encoder.transformer.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
-    assert "sigreg_projector" in IJEPA.ARCHITECTURE  # its weights are in the checkpoint: resume must match them
-
-
-def test_projector_share_splits_the_statistic_between_projector_output_and_tokens():
-    tiny = dict(TINY_MODEL, sigreg_weight=0.5, sigreg_projector=[64, 32])
-    x = torch.randn(100, 32) * torch.linspace(0.1, 3.0, 32)  # far from isotropic
-    torch.manual_seed(0)
-    models = {share: IJEPA(**tiny, sigreg_projector_share=share).eval() for share in (0.0, 0.25, 1.0)}
-    for model in models.values():  # one projector for all three
-        model.sigreg_projector.load_state_dict(models[0.0].sigreg_projector.state_dict())
-    raw = float(models[0.0].sigreg(x, seed=0))
-    behind = float(models[0.0].sigreg(models[0.0].sigreg_projector(x), seed=0))
-    assert float(models[0.0].sigreg_statistic([x])) == pytest.approx(raw)
-    assert float(models[1.0].sigreg_statistic([x])) == pytest.approx(behind)
-    assert float(models[0.25].sigreg_statistic([x])) == pytest.approx(0.25 * behind + 0.75 * raw)
-    with pytest.raises(ValueError, match="sigreg_projector_share must be in"):
-        IJEPA(**tiny, sigreg_projector_share=1.5)
-
-
 def test_varcov_is_zero_for_whitened_samples_and_matches_the_covariance_matrix():
     x = torch.randn(4096, 32, dtype=torch.float64)
     x = (x - x.mean(0)) @ torch.linalg.inv(torch.linalg.cholesky(torch.cov(x.T)).T)  # covariance exactly I
@@ -207,11 +190,12 @@ def test_varcov_is_zero_for_whitened_samples_and_matches_the_covariance_matrix()
     expected_cov = (reference - torch.diag(reference.diagonal())).pow(2).sum() / 8
     hinge, covariance = VarianceCovariance().terms(y)
     assert torch.allclose(hinge, expected_hinge, atol=1e-5) and torch.allclose(covariance, expected_cov, rtol=1e-4)
-    assert torch.allclose(VarianceCovariance(25.0, 1.0)(y), 25 * expected_hinge + expected_cov, rtol=1e-4)
+    varcov = VarianceCovariance(variance_weight=25.0, covariance_weight=1.0)
+    assert torch.allclose(varcov.statistic(y), 25 * expected_hinge + expected_cov, rtol=1e-4)
 
 
 def test_varcov_is_large_for_collapsed_and_correlated_samples_and_its_gradient_spreads_them():
-    varcov = VarianceCovariance()
+    varcov = VarianceCovariance().statistic
     gaussian = float(varcov(torch.randn(1024, 16)))
     collapsed = float(varcov(torch.ones(1024, 16) * 0.3 + 1e-3 * torch.randn(1024, 16)))
     low_rank = float(varcov(torch.randn(1024, 1) @ torch.ones(1, 16)))  # every dimension the same
@@ -235,7 +219,7 @@ def test_varcov_bad_settings_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
         VarianceCovariance(**kwargs)
     with pytest.raises(ValueError, match="embeddings"):
-        VarianceCovariance()(torch.randn(4, 5, 6))
+        VarianceCovariance().statistic(torch.randn(4, 5, 6))
 
 
 def _varcov_rank_worker(rank: int, world: int, port: int, x: torch.Tensor, out: dict) -> None:
@@ -243,7 +227,7 @@ def _varcov_rank_worker(rank: int, world: int, port: int, x: torch.Tensor, out: 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     share = x.chunk(world)[rank].clone().requires_grad_(True)
-    value = VarianceCovariance()(share)
+    value = VarianceCovariance().statistic(share)
     (value / world).backward()  # as DDP averages gradients over ranks
     out[rank] = (value.detach(), share.grad.clone())
     dist.destroy_process_group()
@@ -252,7 +236,7 @@ def _varcov_rank_worker(rank: int, world: int, port: int, x: torch.Tensor, out: 
 def test_varcov_on_two_ranks_is_the_global_batch_value_and_gradient():
     x = torch.randn(96, 16) @ torch.randn(16, 16) * 0.5 + 0.3
     whole = x.clone().requires_grad_(True)
-    value = VarianceCovariance()(whole)
+    value = VarianceCovariance().statistic(whole)
     value.backward()
     out = mp.Manager().dict()
     mp.spawn(_varcov_rank_worker, args=(2, _free_port(), x, out), nprocs=2, join=True)
@@ -262,50 +246,176 @@ def test_varcov_on_two_ranks_is_the_global_batch_value_and_gradient():
         assert torch.allclose(rank_grad, whole.grad.chunk(2)[rank], rtol=1e-4, atol=1e-6)
 
 
-def test_varcov_weight_adds_its_weighted_term_on_the_sampled_context_tokens():
-    """``model.varcov_weight: v`` -> the loss is the plain loss plus ``v * varcov`` of the same
-    sampled context tokens SIGReg would see; 0 builds no term; a negative weight is an error."""
-    tiny = dict(TINY_MODEL, sigreg_tokens=16)
+# --- regularisers in the model: model.regularizers ---------------------------------------------
+def _batch(images: int = 4) -> GridBatch:
+    return GridBatch(
+        images=torch.randn(images, 3, 32, 32),
+        context_indices=torch.tensor([[0, 1, 2, 3, 4, 5]] * images),
+        target_indices=torch.tensor([[[10, 11], [14, 15]]] * images),
+    )
+
+
+def _context(model: IJEPA, batch: GridBatch) -> torch.Tensor:
+    """The context encoder's output ``[B, Kc, D]`` the step's regularisers read (no stochastic depth)."""
+    return model.encoder(batch.images, batch.context_indices)
+
+
+def _pair(*members, **model):
+    """A plain model and the same weights with ``members`` as its regularisers."""
     torch.manual_seed(0)
-    plain = IJEPA(**tiny)
-    with_term = IJEPA(**tiny, varcov_weight=0.5)
-    with_term.load_state_dict(plain.state_dict())
-    assert plain.varcov is None and isinstance(with_term.varcov, VarianceCovariance)
-    batch = {
-        "images": torch.randn(4, 3, 32, 32),
-        "context_indices": torch.tensor([[0, 1, 2, 3, 4, 5]] * 4),
-        "target_indices": torch.tensor([[[10, 11], [14, 15]]] * 4),
-    }
-    base = plain.jepa_loss(batch)
-    context = with_term.predict_targets(batch)["context"]
-    tokens = with_term.sigreg_inputs(context, None, "tokens")
+    plain = IJEPA(**TINY_MODEL, **model)
+    with_terms = IJEPA(**TINY_MODEL, **model, regularizers=list(members))
+    with_terms.load_state_dict(plain.state_dict(), strict=False)  # projectors are the with_terms' own
+    return plain, with_terms
+
+
+def test_varcov_adds_its_weighted_term_on_the_sampled_context_tokens():
+    """``VarianceCovariance(weight=v, input=tokens)``: the loss is the plain loss plus ``v *
+    varcov`` of ``tokens`` context tokens drawn by the step and the rank alone."""
+    plain, model = _pair(VarianceCovariance(weight=0.5, tokens=16))
+    batch = _batch()
+    context = ContextTokens(_context(model, batch))
+    tokens = sample_tokens(context, 16, step=0, rank=0)
     assert tokens.shape == (16, 32)
-    expected = base + 0.5 * VarianceCovariance()(tokens)
-    torch.testing.assert_close(with_term.jepa_loss(batch), expected)
-    with pytest.raises(ValueError, match="varcov_weight must be >= 0"):
-        IJEPA(**tiny, varcov_weight=-0.1)
+    assert torch.equal(tokens, sample_tokens(context, 16, step=0, rank=0))
+    assert not torch.equal(tokens, sample_tokens(context, 16, step=1, rank=0))
+    expected = plain.jepa_loss(batch) + 0.5 * VarianceCovariance().statistic(tokens)
+    torch.testing.assert_close(model.jepa_loss(batch), expected)
 
 
-@pytest.mark.parametrize("varcov_input", ["pooled", "both"])
-def test_varcov_input_pooled_measures_each_images_mean_context_token_and_both_averages(varcov_input):
-    """``model.varcov_input: pooled`` -> the term is measured on each image's mean context token
-    ``[B, D]`` (C-JEPA's choice); ``both`` -> the mean of the tokens' and the pooled term; any other
-    value is an error naming the parameter."""
-    tiny = dict(TINY_MODEL, sigreg_tokens=16)
+@pytest.mark.parametrize("kind", ["pooled", "both"])
+def test_input_pooled_measures_each_images_mean_context_token_and_both_averages(kind):
+    """``input: pooled``: each image's mean context token ``[B, D]`` (C-JEPA's choice); ``both``:
+    the mean of the tokens' and the pooled statistic."""
+    plain, model = _pair(VarianceCovariance(weight=0.5, input=kind, tokens=16))
+    batch = _batch(6)
+    context = _context(model, batch)
+    pooled = VarianceCovariance().statistic(context.mean(1))
+    tokens = VarianceCovariance().statistic(sample_tokens(ContextTokens(context), 16, 0, 0))
+    term = pooled if kind == "pooled" else (pooled + tokens) / 2
+    torch.testing.assert_close(model.jepa_loss(batch), plain.jepa_loss(batch) + 0.5 * term)
+
+
+def test_sigreg_mixes_with_the_jepa_loss_and_members_apply_in_list_order():
+    """SIGReg's default ``combine: mix`` gives ``(1 - w) * jepa + w * sigreg``; VarianceCovariance's
+    ``add`` then adds its term: each member acts on the loss the one before left."""
+    sigreg, varcov = SIGReg(weight=0.2, tokens=16, slices=32), VarianceCovariance(weight=0.5, tokens=16)
+    plain, model = _pair(sigreg, varcov)
+    batch = _batch()
+    tokens = sample_tokens(ContextTokens(_context(model, batch)), 16, 0, 0)
+    jepa = plain.jepa_loss(batch)
+    expected = (1 - 0.2) * jepa + 0.2 * sigreg.statistic(tokens, 0) + 0.5 * varcov.statistic(tokens)
+    torch.testing.assert_close(model.jepa_loss(batch), expected)
+    added = IJEPA(**TINY_MODEL, regularizers=[SIGReg(weight=0.2, tokens=16, slices=32, combine="add")])
+    added.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(added.jepa_loss(batch), jepa + 0.2 * sigreg.statistic(tokens, 0))
+    with model.regularisers_off():
+        torch.testing.assert_close(model.jepa_loss(batch), jepa)
+
+
+def test_a_projector_trains_with_the_encoder_and_its_share_splits_the_statistic():
     torch.manual_seed(0)
-    plain = IJEPA(**tiny)
-    with_term = IJEPA(**tiny, varcov_weight=0.5, varcov_input=varcov_input)
-    with_term.load_state_dict(plain.state_dict())
-    batch = {
-        "images": torch.randn(6, 3, 32, 32),
-        "context_indices": torch.tensor([[0, 1, 2, 3, 4, 5]] * 6),
-        "target_indices": torch.tensor([[[10, 11], [14, 15]]] * 6),
+    model = IJEPA(**TINY_MODEL, regularizers=[SIGReg(weight=0.5, projector=[64, 16])])
+    (member,) = model.regularizers
+    assert isinstance(member.projector, Projector) and member.projector[-1].out_features == 16
+    model.jepa_loss(_batch()).backward()
+    assert member.projector[0].weight.grad.abs().sum() > 0
+    assert model.encoder.transformer.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+
+    x = torch.randn(100, 32) * torch.linspace(0.1, 3.0, 32)  # far from isotropic
+    context = ContextTokens(torch.zeros(1, 1, 32), pooled=x)
+    shares = {
+        share: SIGReg(input="pooled", projector=[64, 32], projector_share=share).build(32) for share in (0, 0.25, 1)
     }
-    base = plain.jepa_loss(batch)
-    context = with_term.predict_targets(batch)["context"]  # [B, Kc, D]
-    pooled = VarianceCovariance()(context.mean(1))
-    tokens = VarianceCovariance()(with_term.sigreg_inputs(context, None, "tokens"))
-    term = pooled if varcov_input == "pooled" else (pooled + tokens) / 2
-    torch.testing.assert_close(with_term.jepa_loss(batch), base + 0.5 * term)
-    with pytest.raises(ValueError, match="varcov_input must be one of"):
-        IJEPA(**tiny, varcov_weight=0.5, varcov_input="projector")
+    for member in shares.values():  # one projector for all three
+        member.projector.load_state_dict(shares[0].projector.state_dict())
+        member.eval()
+    raw = float(shares[0].statistic(x, 0))
+    behind = float(shares[0].statistic(shares[0].projector(x), 0))
+    assert float(shares[0](context, 0)) == pytest.approx(raw)
+    assert float(shares[1](context, 0)) == pytest.approx(behind)
+    assert float(shares[0.25](context, 0)) == pytest.approx(0.25 * behind + 0.75 * raw)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"weight": -0.1}, "SIGReg weight must be in"),
+        ({"weight": 1.5}, "SIGReg weight must be in"),  # mix: a share of the loss
+        ({"input": "projector"}, "SIGReg input must be one of"),
+        ({"tokens": 1}, "SIGReg tokens must be >= 2"),
+        ({"projector": [64, 0]}, "SIGReg projector widths must be >= 1"),
+        ({"projector_share": 1.5}, "SIGReg projector_share must be in"),
+        ({"combine": "multiply"}, "SIGReg combine must be one of"),
+        ({"slices": 0}, "SIGReg slices must be >= 1"),
+    ],
+)
+def test_a_bad_regulariser_option_names_its_class_and_option(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SIGReg(**kwargs)
+    VarianceCovariance(weight=1.5)  # add: any weight >= 0
+
+
+def test_a_zero_weight_switches_a_member_off_and_every_member_is_in_the_hyperparameters():
+    model = IJEPA(**TINY_MODEL, regularizers=[SIGReg(weight=0.0, projector=[8]), VarianceCovariance(weight=0.1)])
+    assert [type(m) for m in model.regularizers] == [VarianceCovariance]
+    assert not any(key.startswith("regularizers.") and "projector" in key for key in model.state_dict())
+    # plain values (weights_only loads), which rebuild the same members
+    configs = model.hparams["regularizers"]
+    assert [c["class_path"] for c in configs] == ["ijepa.regularizers.SIGReg", "ijepa.regularizers.VarianceCovariance"]
+    assert IJEPA(**TINY_MODEL, regularizers=configs).hparams["regularizers"] == configs
+
+
+def test_a_new_regulariser_is_one_subclass_with_a_statistic():
+    """No edit of the module: a subclass of Regularizer joins the loss and the logs."""
+
+    class MeanNorm(Regularizer):
+        log_name = "mean_norm"
+
+        def statistic(self, embeddings, step):
+            return embeddings.mean(0).norm()
+
+    plain, model = _pair(MeanNorm(weight=0.3, input="pooled"))
+    batch = _batch()
+    expected = plain.jepa_loss(batch) + 0.3 * _context(model, batch).mean(1).mean(0).norm()
+    torch.testing.assert_close(model.jepa_loss(batch), expected)
+    assert model.regularizer_log_names == ["mean_norm"]
+    assert MeanNorm not in regularizer_kinds()  # a class defined in a function is nobody's choice
+    assert regularizer_kinds() == (SIGReg, VarianceCovariance)
+
+
+def _legacy_checkpoint(path, model: IJEPA, **legacy) -> None:
+    """``model``'s checkpoint as the code before ``model.regularizers`` wrote it: flat options in
+    the hyperparameters, the SIGReg projector under ``sigreg_projector.*``."""
+    hparams = {key: value for key, value in model.hparams.items() if key != "regularizers"}
+    state = {key.replace("regularizers.0.projector.", "sigreg_projector."): v for key, v in model.state_dict().items()}
+    torch.save(
+        {"state_dict": state, "hyper_parameters": {**hparams, **legacy}, "pytorch-lightning_version": "2.6.6"}, path
+    )
+
+
+def test_checkpoints_from_before_model_regularizers_load_with_the_same_regularisers(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    legacy = dict(
+        sigreg_weight=0.3, sigreg_input="both", sigreg_tokens=64, sigreg_slices=32,
+        sigreg_projector=[24, 12], sigreg_projector_share=0.5, varcov_weight=0.2, varcov_input="pooled",
+    )  # fmt: skip
+    members = [
+        SIGReg(0.3, "both", 64, [24, 12], 0.5, slices=32),
+        VarianceCovariance(0.2, "pooled", 64),
+    ]
+    model = IJEPA(**dict(TINY_MODEL, depth=2), regularizers=members)  # tests/tiny.yaml's architecture
+    _legacy_checkpoint(tmp_path / "old.ckpt", model, **legacy)
+    loaded = IJEPA.load_from_checkpoint(tmp_path / "old.ckpt")
+    assert loaded.hparams["regularizers"] == model.hparams["regularizers"]
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    batch = _batch()
+    torch.testing.assert_close(loaded.jepa_loss(batch), model.jepa_loss(batch))
+    # and ijepa fit --ckpt_path reads the same members from them (the fit itself is not run)
+    monkeypatch.setattr(L.Trainer, "fit", functools.wraps(L.Trainer.fit)(lambda *args, **kwargs: None))
+    ckpt = tmp_path / "old.ckpt"
+    cli = build_cli(
+        ["fit", "--config", str(TINY_CONFIG), f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}"]
+    )
+    assert cli.model.hparams["regularizers"] == model.hparams["regularizers"]

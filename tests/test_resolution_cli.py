@@ -63,7 +63,7 @@ def test_validate_at_another_image_size_reports_knn(checkpoints, pos_embed, tmp_
     )
     model = trainer.lightning_module
     assert model.hparams.image_size == 48 and model.hparams.pos_embed == pos_embed  # type from the checkpoint
-    assert model.encoder.patch_embed.grid_size == 6
+    assert model.encoder.grid == (6, 6)
     knn = trainer.callback_metrics["val/knn_top1"]
     assert 0.0 <= float(knn) <= 1.0 and torch.isfinite(trainer.callback_metrics["val/loss"])
     adapted = "Checkpoint adapted from image_size=32, patch_size=8 (grid 4x4) to image_size=48" in caplog.text
@@ -156,5 +156,5 @@ def test_load_from_checkpoint_at_another_size(checkpoints, pos_embed):
     # load_from_checkpoint overwrites the saved hyperparameters with its keyword arguments; the
     # training grid comes from the checkpoint's "resolution" record instead
     model = IJEPA.load_from_checkpoint(checkpoints[pos_embed], weights_only=True, image_size=64, patch_size=4)
-    assert model.encoder.patch_embed.grid_size == 16
+    assert model.encoder.grid == (16, 16)
     assert model.features(torch.randn(2, 3, 64, 64)).shape == (2, 32)

@@ -36,9 +36,9 @@ class Recorder(L.Callback):
         step = trainer.global_step
         self.losses[step] = outputs["loss"].item()
         self.batches[step] = (
-            float(batch["images"].sum()),
-            batch["context_indices"].tolist(),
-            batch["target_indices"].sum().item(),
+            float(batch.images.sum()),
+            batch.context_indices.tolist(),
+            batch.target_indices.sum().item(),
         )
 
 

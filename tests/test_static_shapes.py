@@ -1,6 +1,8 @@
 """Static shapes: every batch of a run has the same context and target token counts, so a compiled
 step is captured once; the padding changes no loss."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import TINY_MODEL
@@ -58,10 +60,9 @@ def test_a_static_batch_gives_the_loss_of_its_unpadded_masks(mode):
     static, _ = samplers()
     samples = [(torch.randn(3, 48, 48), 0, i) for i in range(6)]
     batch = MaskCollator(static)(samples)
-    assert "target_mask" in batch and not bool(batch["target_mask"].all())  # some padding to ignore
-    kt = int(batch["target_mask"][0, 0].sum())
-    unpadded = {k: v for k, v in batch.items() if k != "target_mask"}
-    unpadded["target_indices"] = batch["target_indices"][..., :kt]
+    assert batch.target_mask is not None and not bool(batch.target_mask.all())  # some padding to ignore
+    kt = int(batch.target_mask[0, 0].sum())
+    unpadded = replace(batch, target_mask=None, target_indices=batch.target_indices[..., :kt])
     torch.testing.assert_close(model.jepa_loss(batch), model.jepa_loss(unpadded))
 
 

@@ -21,10 +21,11 @@ def _():
 
     import ijepa
     from ijepa.cli import instantiate
+    from ijepa.data.batch import GridBatch
     from ijepa.explore import encoder_report, load_model
 
     configs = Path(ijepa.__file__).resolve().parents[1] / "configs"
-    return configs, encoder_report, instantiate, load_model, mo, torch
+    return GridBatch, configs, encoder_report, instantiate, load_model, mo, torch
 
 
 @app.cell
@@ -104,9 +105,9 @@ def _(context_indices, encoder, encoder_report, images, mo):
 
 
 @app.cell
-def _(context_indices, images, mo, model, target_indices, torch):
+def _(GridBatch, context_indices, images, mo, model, target_indices, torch):
     with torch.no_grad():
-        loss = model.jepa_loss({"images": images, "context_indices": context_indices, "target_indices": target_indices})
+        loss = model.jepa_loss(GridBatch(images, context_indices, target_indices))
     mo.md(
         f"the I-JEPA loss of this batch: {float(loss):.4f} (context `{tuple(context_indices.shape)}`, "
         f"targets `{tuple(target_indices.shape)}`)"

@@ -37,13 +37,15 @@ import time
 from contextlib import nullcontext
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from ijepa.benchmark.baseline import SeedIJEPA, python_masks
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
 from ijepa.callbacks.knn import knn_scores
 from ijepa.callbacks.throughput import step_flops  # what ThroughputLogger logs during fit
 from ijepa.cli import instantiate
-from ijepa.data.collate import MaskCollator, mask_entries
+from ijepa.data.batch import GridBatch
+from ijepa.data.collate import MaskCollator, masked_batch
 from ijepa.data.sampling import SeededSamples
 from ijepa.data.sources import DataSource, ShapesSource, STL10Source
 from ijepa.masks import MultiBlockMaskSampler
@@ -85,7 +87,7 @@ def build(config: str, overrides: list[str]):
 
 def synthetic_batches(
     datamodule, count: int, device: torch.device, seed: int = 0, sampler: MultiBlockMaskSampler | None = None
-) -> list[dict[str, torch.Tensor]]:
+) -> list[GridBatch]:
     """``count`` masked batches of random images at the config's size and batch size, masks from
     ``sampler`` (default: the data's own) with the entries its context policy adds."""
     hp = datamodule.hparams
@@ -94,8 +96,8 @@ def synthetic_batches(
     batches = []
     for _ in range(count):
         images = torch.randn(hp.batch_size, 3, hp.image_size, hp.image_size, generator=generator)
-        masks = mask_entries(sampler, *sampler(hp.batch_size, generator))
-        batches.append({k: v.to(device) for k, v in {"images": images, **masks}.items()})
+        batch = masked_batch(images, sampler, *sampler(hp.batch_size, generator))
+        batches.append(move_data_to_device(batch, device))
     return batches
 
 
@@ -170,8 +172,9 @@ def run(args: argparse.Namespace) -> dict:
         with torch.no_grad(), model.regularisers_off():
             result["loss"] = float(model.jepa_loss(batches[0]))
             result["baseline_loss"] = float(baseline.loss(batches[0]))
-    result["sigreg_weight"] = float(model.hparams.sigreg_weight)
-    result["varcov_weight"] = float(model.hparams.varcov_weight)
+    weights = {name: float(member.weight) for member, name in zip(model.regularizers, model.regularizer_log_names)}
+    result["sigreg_weight"] = weights.get("sigreg", 0.0)
+    result["varcov_weight"] = weights.get("varcov", 0.0)
 
     # --- training steps --------------------------------------------------------------------------
     optimizer = model.build_optimizer()
@@ -311,7 +314,7 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def training_step(model, optimizer, batches: list[dict], autocast):
+def training_step(model, optimizer, batches: list[GridBatch], autocast):
     """``step(i)``: forward, backward and optimizer step of ``model`` on ``batches[i % len]``,
     then the EMA update of its target encoder."""
     target_params, online_params = EMATargetUpdate(0.996).parameter_pairs(model)

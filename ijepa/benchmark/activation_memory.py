@@ -21,6 +21,7 @@ import sys
 import time
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch.utils.data import DataLoader
 
 from ijepa.data.collate import MaskCollator
@@ -68,7 +69,7 @@ def one_setting(every: int, batch_size: int, steps: int, device: torch.device, n
     sampler = MultiBlockMaskSampler(size // options["patch_size"])
     samples = [(torch.randn(3, size, size), 0) for _ in range(batch_size)]
     batch = next(iter(DataLoader(samples, batch_size=batch_size, collate_fn=MaskCollator(sampler))))
-    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    batch = move_data_to_device(batch, device)
 
     def step() -> float:
         start = time.perf_counter()

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ijepa.data.batch import GridBatch
 from ijepa.nn.position import AdditivePosition, PositionEncoding
 
 
@@ -140,8 +141,8 @@ class SeedIJEPA(nn.Module):
         self.predictor = SeedPredictor(model.predictor)
         self.loss_name = model.hparams.loss
 
-    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        images, context_indices, target_indices = batch["images"], batch["context_indices"], batch["target_indices"]
+    def loss(self, batch: GridBatch) -> torch.Tensor:
+        images, context_indices, target_indices = batch.images, batch.context_indices, batch.target_indices
         with torch.no_grad():
             target_features = self.target_encoder(images)
             target_features = F.layer_norm(target_features, target_features.shape[-1:])

@@ -23,8 +23,10 @@ import statistics
 import time
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from ijepa.cli import instantiate
+from ijepa.data.batch import PackedBatch
 from ijepa.data.sampling import SeededSamples
 
 
@@ -33,7 +35,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def layouts(datamodule, count: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+def layouts(datamodule, count: int, seed: int = 0) -> tuple[list[PackedBatch], list[PackedBatch]]:
     """``count`` batches of the config's pretraining data, packed and padded (same images, masks)."""
     packed_collate = datamodule.native_collators["train"]
     padded_collate = copy.copy(packed_collate)
@@ -44,10 +46,10 @@ def layouts(datamodule, count: int, seed: int = 0) -> tuple[list[dict], list[dic
     return [packed_collate(s) for s in samples], [padded_collate(s) for s in samples]
 
 
-def slot_use(batches: list[dict]) -> float:
+def slot_use(batches: list[PackedBatch]) -> float:
     """Share of the target encoder's sequence slots that hold a token."""
-    real = sum(int((b["full_ids"] >= 0).sum()) for b in batches)
-    return real / sum(b["full_ids"].numel() for b in batches)
+    real = sum(int(b.full.real.sum()) for b in batches)
+    return real / sum(b.full.image_ids.numel() for b in batches)
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> dict:
@@ -60,8 +62,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
         )
     datamodule.setup("fit")
     packed, padded = layouts(datamodule, args.batches)
-    packed = [{k: v.to(device) for k, v in b.items()} for b in packed]
-    padded = [{k: v.to(device) for k, v in b.items()} for b in padded]
+    packed, padded = move_data_to_device((packed, padded), device)
     model.to(device).train()
     model.setup("fit")
     # The regularisers draw a random subset of the real context tokens, in slot order: compare the
@@ -97,8 +98,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
         "token_budget": datamodule.native_collators["train"].budget,
         "loss_packed": losses[0],
         "loss_padded": losses[1],
-        "sequences_packed": statistics.mean(b["full_ids"].size(0) for b in packed),
-        "sequences_padded": statistics.mean(b["full_ids"].size(0) for b in padded),
+        "sequences_packed": statistics.mean(b.full.image_ids.size(0) for b in packed),
+        "sequences_padded": statistics.mean(b.full.image_ids.size(0) for b in padded),
         "slot_use_packed": slot_use(packed),
         "slot_use_padded": slot_use(padded),
     }

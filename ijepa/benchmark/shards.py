@@ -42,7 +42,7 @@ def images_per_s(dataset, batch_size: int) -> float:
     """One full pass of a one-worker loader (its start included), in images per second."""
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=1, collate_fn=labeled_collate)
     start = time.perf_counter()
-    count = sum(len(batch["labels"]) for batch in loader)
+    count = sum(len(batch) for batch in loader)
     return count / (time.perf_counter() - start)
 
 

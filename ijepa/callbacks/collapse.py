@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ijepa.nn.checks import check_range
@@ -92,7 +93,7 @@ class CollapseMonitor(L.Callback):
         features, count = [], 0
         with torch.no_grad():
             for batch in trainer.datamodule.val_dataloader():
-                batch = {k: v.to(pl_module.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+                batch = move_data_to_device(batch, pl_module.device)
                 pooled = pl_module.pooled_target_features(batch)[: self.max_samples - count]
                 features.append(pooled)
                 count += pooled.size(0)

@@ -7,8 +7,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning_utilities.core.apply_func import apply_to_collection
 from torchvision.utils import make_grid
 
+from ijepa.data.batch import GridBatch
 from ijepa.data.transforms import unnormalize
 from ijepa.nn.checks import check_range
 from ijepa.nn.sharding import gathered
@@ -16,9 +18,7 @@ from ijepa.pictures import clip_mask_overlay, heat_map, mask_overlay
 
 
 @torch.no_grad()
-def position_loss_map(
-    pl_module: L.LightningModule, batch: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
+def position_loss_map(pl_module: L.LightningModule, batch: GridBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position prediction loss of one masked batch: ``(loss_sum [N], count [N])``.
 
     ``loss_sum[i]`` adds the loss (the module's own :meth:`~ijepa.module.IJEPA.prediction_loss`,
@@ -27,10 +27,9 @@ def position_loss_map(
     ``loss_sum / count`` the map.
     """
     out = pl_module.predict_targets(batch)
-    target_indices = batch["target_indices"]
-    per_target = pl_module.prediction_loss(out["predictions"], out["targets"], reduction="none").mean(-1)  # [B, M, Kt]
-    num_positions = out["target_features"].size(1)
-    flat = target_indices.flatten()
+    per_target = pl_module.prediction_loss(out.predictions, out.targets, reduction="none").mean(-1)  # [B, M, Kt]
+    num_positions = out.target_features.size(1)
+    flat = batch.target_indices.flatten()
     loss_sum = torch.zeros(num_positions, device=flat.device).index_add_(0, flat, per_target.flatten())
     count = torch.zeros(num_positions, device=flat.device).index_add_(0, flat, torch.ones_like(per_target.flatten()))
     return loss_sum, count
@@ -53,12 +52,12 @@ class JEPAImages(Callback):
     def __init__(self, num_images: int = 8):
         check_range(num_images, "num_images", 1)
         self.num_images = num_images
-        self._batch: dict[str, torch.Tensor] | None = None
+        self._batch: GridBatch | None = None
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         # Drawn on one square grid: native-resolution (packed) batches have no such picture.
-        if batch_idx == 0 and not trainer.sanity_checking and "images" in batch:
-            self._batch = {k: v for k, v in batch.items() if torch.is_tensor(v)}
+        if batch_idx == 0 and not trainer.sanity_checking and isinstance(batch, GridBatch):
+            self._batch = batch
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
@@ -66,10 +65,11 @@ class JEPAImages(Callback):
             return
         batch, self._batch = self._batch, None
         loss_sum, count = position_loss_map(pl_module, batch)
-        shown = {k: v[: self.num_images] for k, v in batch.items()}
+        # the first images, each with its first mask set (rows r * B + i: row i is image i's first)
+        shown = apply_to_collection(batch, torch.Tensor, lambda tensor: tensor[: self.num_images])
         # Encoders run on every rank: with sharded weights (FSDP2) a forward is a collective.
         with torch.no_grad():
-            features = pl_module.target_encoder(shown["images"], **pl_module.token_times(shown.get("frame_times")))
+            features = pl_module.target_encoder(shown.images, **pl_module.token_times(shown.frame_times))
         tables = {}
         for name, network in (("encoder", pl_module.encoder), ("predictor", pl_module.predictor)):
             table = getattr(network.position, "table", None)
@@ -82,18 +82,18 @@ class JEPAImages(Callback):
         hp = pl_module.hparams
         if hp.num_frames:  # clips: one row of tubelet first frames per clip, loss map per time slice
             overlay = clip_mask_overlay(
-                unnormalize(shown["images"]),
-                shown["context_indices"],
-                shown["target_indices"],
+                unnormalize(shown.images),
+                shown.context_indices,
+                shown.target_indices,
                 hp.patch_size,
                 hp.tubelet_size,
             )
             grid_size = pl_module.encoder.grid
         else:
             overlay = mask_overlay(
-                unnormalize(shown["images"]), shown["context_indices"], shown["target_indices"], hp.patch_size
+                unnormalize(shown.images), shown.context_indices, shown.target_indices, hp.patch_size
             )
-            grid_size = pl_module.encoder.grid_size
+            grid_size = pl_module.encoder.grid[0]  # the side of the square grid
         per_position = torch.where(count > 0, loss_sum / count.clamp_min(1), torch.full_like(loss_sum, float("nan")))
         for logger in loggers:
             writer = logger.experiment

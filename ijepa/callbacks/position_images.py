@@ -19,7 +19,7 @@ class PositionSimilarityImages(Callback):
     position's embedding with every other position, one tile per position. Images are named
     ``positions/encoder`` and ``positions/predictor``; other loggers are skipped.
 
-    Clip tables (``sincos_3d``, ``learned_3d``) give the figure for the first time slice, plus
+    Clip tables (``sincos_3d``, ``learned_flat_3d``) give the figure for the first time slice, plus
     ``positions/<name>_time``: the ``T' x T'`` similarity of time slices (the cosine of the same
     spatial position at two times, averaged over positions)."""
 

@@ -104,14 +104,14 @@ def _extract_features(
     precision = trainer.precision_plugin.forward_context() if trainer is not None else nullcontext()
     with precision:
         for batch in loader:
-            images = batch["images"].to(pl_module.device, non_blocking=True)
-            times = batch.get("frame_times")
+            images = batch.images.to(pl_module.device, non_blocking=True)
+            times = batch.frame_times
             times = None if times is None else times.to(pl_module.device, non_blocking=True)
             if tokens:
                 features.append(pl_module.token_features(images, encoder, frame_times=times).float())
             else:
                 features.append(pl_module.features(images, encoder, last_blocks, frame_times=times).float())
-            labels.append(batch["labels"].to(pl_module.device))
+            labels.append(batch.labels.to(pl_module.device))
     features, labels = torch.cat(features), torch.cat(labels)
     if world > 1:
         size = len(loader.dataset)

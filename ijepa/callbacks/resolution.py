@@ -8,13 +8,14 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from ijepa.checkpoint import load_adapted
 from ijepa.nn.resize import INTERPOLATION_MODES
 
 
 class PositionEmbeddingInterpolation(L.Callback):
     """Load checkpoints trained at another image size or patch size into this run's model.
 
-    The model's checkpoint loading (:meth:`ijepa.module.IJEPA.on_load_checkpoint`) always adapts
+    The model's checkpoint loading (:func:`ijepa.checkpoint.adapt_checkpoint`) always adapts
     a checkpoint to its own grid: learned tables of the encoders and predictor are interpolated
     (``learned`` as a 2D grid, ``learned_2d`` per axis, ``relative_bias`` over the new offsets),
     sin-cos and RoPE are rebuilt, patch kernels resized with FlexiViT's pseudo-inverse, and every
@@ -43,7 +44,7 @@ class PositionEmbeddingInterpolation(L.Callback):
         if self.init_checkpoint is None or stage != "fit" or trainer.ckpt_path is not None:
             return
         checkpoint = torch.load(self.init_checkpoint, map_location="cpu", weights_only=True)
-        weights = {key: checkpoint.get(key) for key in ("state_dict", "hyper_parameters", "resolution")}
-        pl_module.on_load_checkpoint(weights)
-        pl_module.load_state_dict(weights["state_dict"], strict=True)
+        report = load_adapted(pl_module, checkpoint, self.mode, self.antialias)
+        if report:
+            rank_zero_info(report)
         rank_zero_info(f"Initialised the model from the weights of {self.init_checkpoint}.")

@@ -25,6 +25,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils.flop_counter import FlopCounterMode
 
+from ijepa.data.batch import GridBatch, PackedBatch
+
 # Dense (no 2:4 sparsity) peak TFLOP/s from NVIDIA's datasheets: (name, pattern searched in the
 # lower-cased torch.cuda.get_device_name, bf16 and fp16, tf32, fp32). The first match wins;
 # other GPUs (and TPUs) go to Lightning's table. Datasheets often print the sparse figure,
@@ -77,13 +79,13 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return get_available_flops(device, dtype)
 
 
-def images_and_tokens(batch: dict, patch_size: int, tubelet_size: int) -> tuple[int, int]:
+def images_and_tokens(batch: GridBatch | PackedBatch, patch_size: int, tubelet_size: int) -> tuple[int, int]:
     """``(images, tokens)`` of a training batch, tokens being every patch (tubelet, for clips) of
     every image: what the target encoder encodes, whatever share of it the context holds."""
-    if "full_ids" in batch:  # packed native-resolution batch: each image's own grid, -1 is padding
-        return batch["labels"].size(0), int((batch["full_ids"] >= 0).sum())
-    images = batch["images"]  # [B, C, H, W] or clips [B, C, T, H, W]
-    patch = int(batch.get("patch_size", patch_size))  # FlexiViT batches are cut at their own size
+    if isinstance(batch, PackedBatch):  # each image on its own grid
+        return len(batch), int(batch.full.real.sum())
+    images = batch.images  # [B, C, H, W] or clips [B, C, T, H, W]
+    patch = batch.patch_size or patch_size  # FlexiViT batches are cut at their own size
     tokens = (images.size(-2) // patch) * (images.size(-1) // patch)
     if images.dim() == 5:
         tokens *= images.size(2) // tubelet_size

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import default_collate
 
+from ijepa.data.batch import ClipBatch, GridBatch, LabeledBatch, LabeledClipBatch
 from ijepa.data.sampling import mix_seed
 from ijepa.masks import MultiBlockMaskSampler, context_padding_mask
 from ijepa.nn.checks import check_indices
@@ -15,21 +16,22 @@ class MaskCollator:
     """DataLoader ``collate_fn``: stacks ``(image, label)`` samples (or ``(clip, label,
     frame_times)``) and samples masks for the batch.
 
-    Returns a dict with ``images [B, C, H, W]`` (clips ``[B, C, T, H, W]``), ``labels [B]``,
-    ``context_indices [B, Kc]``, ``target_indices [B, M, Kt]``, with the sampler's
-    ``context_policy="pad"`` or ``"static"`` also ``context_mask [B, Kc]`` (True for real context
-    tokens), with ``"static"`` also ``target_mask [B, M, Kt]`` (True for real target tokens), and, for
-    clips that carry them, ``frame_times [B, T]`` (seconds). With ``masks_per_image = R > 1`` the
-    mask tensors have ``R * B`` rows: row ``r * B + i`` is the ``r``-th mask set of image ``i`` (the
-    first ``B`` rows are an ordinary batch's masks), so one target-encoder pass serves ``R``
-    predictions per image (data2vec 2.0's multi-mask). Runs in the DataLoader's worker processes. Samples whose last
+    Returns a :class:`~ijepa.data.batch.GridBatch` (clips: a :class:`~ijepa.data.batch.ClipBatch`)
+    with ``images [B, C, H, W]`` (clips ``[B, C, T, H, W]``), ``labels [B]``, ``context_indices
+    [R * B, Kc]``, ``target_indices [R * B, M, Kt]``, with the sampler's ``context_policy="pad"`` or
+    ``"static"`` also ``context_mask [R * B, Kc]`` (True for real context tokens), with ``"static"``
+    also ``target_mask [R * B, M, Kt]`` (True for real target tokens), and, for clips that carry
+    them, ``frame_times [B, T]`` (seconds). With ``masks_per_image = R > 1`` row ``r * B + i`` of the
+    mask tensors is the ``r``-th mask set of image ``i`` (the first ``B`` rows are an ordinary
+    batch's masks), so one target-encoder pass serves ``R`` predictions per image (data2vec 2.0's
+    multi-mask). Runs in the DataLoader's worker processes. Samples whose last
     element is a per-sample seed (an ``int`` after the label, from
     :class:`ijepa.data.sampling.SeededSamples`) seed the batch's masks from all of them, so masks
     never depend on the worker or the global RNG.
 
     ``patch_samplers`` (FlexiViT): ``{patch_size: sampler on that patch size's grid}``. Each batch
     then draws its patch size uniformly from the keys (from the batch's seed), samples its masks
-    on that grid and says which under ``patch_size`` (an int); the model cuts its patches to match.
+    on that grid and says which in ``patch_size``; the model cuts its patches to match.
     """
 
     def __init__(
@@ -46,20 +48,21 @@ class MaskCollator:
         self.masks_per_image = masks_per_image
         self.patch_samplers = dict(sorted(patch_samplers.items())) if patch_samplers else None
 
-    def __call__(self, samples: list) -> dict[str, torch.Tensor]:
+    def __call__(self, samples: list) -> GridBatch:
         samples, generator = split_seeds(samples)
-        batch = collate_samples(samples)
-        sampler = self.sampler
+        labeled = collate_samples(samples)
+        sampler, patch_size = self.sampler, None
         if self.patch_samplers is not None:
             sizes = list(self.patch_samplers)
             patch_size = sizes[int(torch.randint(len(sizes), (1,), generator=generator))]
             sampler = self.patch_samplers[patch_size]
-            batch["patch_size"] = patch_size
-        context_indices, target_indices = sampler(self.masks_per_image * batch["images"].size(0), generator)
+        context_indices, target_indices = sampler(self.masks_per_image * len(labeled), generator)
         # The range check the model skips in its hot path, here on CPU tensors (no device sync).
         check_indices(context_indices, sampler.num_patches, "context_indices")
         check_indices(target_indices.flatten(1), sampler.num_patches, "target_indices")
-        return {**batch, **mask_entries(sampler, context_indices, target_indices)}
+        return masked_batch(
+            labeled.images, sampler, context_indices, target_indices, labeled.labels, patch_size, labeled.frame_times
+        )
 
 
 def split_seeds(samples: list) -> tuple[list, torch.Generator | None]:
@@ -71,21 +74,33 @@ def split_seeds(samples: list) -> tuple[list, torch.Generator | None]:
     return samples, None
 
 
-def mask_entries(
-    sampler: MultiBlockMaskSampler, context_indices: torch.Tensor, target_indices: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """A batch's mask entries for ``sampler``'s context policy: the indices, plus ``context_mask``
-    (``pad``, ``static``) and ``target_mask`` (``static``: blocks padded to one size)."""
-    masks = {"context_indices": context_indices, "target_indices": target_indices}
+def masked_batch(
+    images: torch.Tensor,
+    sampler: MultiBlockMaskSampler,
+    context_indices: torch.Tensor,
+    target_indices: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    patch_size: int | None = None,
+    frame_times: torch.Tensor | None = None,
+) -> GridBatch:
+    """The masked batch of ``images`` (clips ``[B, C, T, H, W]``: a :class:`ClipBatch`) with the
+    masks ``sampler`` drew and what its context policy adds: ``context_mask`` (``pad``,
+    ``static``) and ``target_mask`` (``static``: blocks padded to one size)."""
+    context_mask = target_mask = None
     if sampler.context_policy in ("pad", "static"):
-        masks["context_mask"] = context_padding_mask(context_indices)
+        context_mask = context_padding_mask(context_indices)
     if sampler.context_policy == "static":
-        masks["target_mask"] = context_padding_mask(target_indices.flatten(0, 1)).view_as(target_indices)
-    return masks
+        target_mask = context_padding_mask(target_indices.flatten(0, 1)).view_as(target_indices)
+    masks = dict(context_mask=context_mask, target_mask=target_mask, patch_size=patch_size)
+    if images.dim() == 5:
+        return ClipBatch(images, context_indices, target_indices, labels, **masks, frame_times=frame_times)
+    return GridBatch(images, context_indices, target_indices, labels, **masks)
 
 
-def collate_samples(samples: list) -> dict[str, torch.Tensor]:
-    """Stack ``(image, label)`` or ``(clip, label, frame_times)`` samples into ``{"images",
-    "labels"}`` (and ``"frame_times" [B, T]``)."""
+def collate_samples(samples: list) -> LabeledBatch:
+    """Stack ``(image, label)`` or ``(clip, label[, frame_times])`` samples into a
+    :class:`LabeledBatch` (clips: a :class:`LabeledClipBatch`)."""
     columns = default_collate(samples)
-    return dict(zip(("images", "labels", "frame_times"), columns))
+    if columns[0].dim() == 5:
+        return LabeledClipBatch(*columns[:3])
+    return LabeledBatch(*columns[:2])

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
+from ijepa.data.batch import LabeledBatch
 from ijepa.data.collate import MaskCollator, collate_samples
 from ijepa.data.native import NativeSizeCrop, PackedMaskCollator
 from ijepa.data.sampling import (
@@ -26,9 +27,10 @@ from ijepa.nn.checks import check_range
 from ijepa.nn.patch import grid_size
 
 
-def labeled_collate(samples: list) -> dict[str, torch.Tensor]:
-    """Stack ``(image, label)`` samples into ``{"images": [B, C, H, W], "labels": [B]}``; clips
-    with times give ``images [B, C, T, H, W]`` and ``frame_times [B, T]``."""
+def labeled_collate(samples: list) -> LabeledBatch:
+    """Stack ``(image, label)`` samples into a :class:`~ijepa.data.batch.LabeledBatch`, ``images
+    [B, C, H, W]`` and ``labels [B]``; clips give a :class:`~ijepa.data.batch.LabeledClipBatch`,
+    ``images [B, C, T, H, W]`` and, with times, ``frame_times [B, T]``."""
     return collate_samples(samples)
 
 
@@ -50,8 +52,10 @@ class IJEPADataModule(L.LightningDataModule):
     (its loader drops the last incomplete batch, so a larger batch would train nothing).
 
     Loaders: ``train_dataloader`` / ``val_dataloader`` / ``test_dataloader`` yield masked batches
-    (see :class:`ijepa.data.collate.MaskCollator`); ``knn_train_dataloader`` / ``knn_test_dataloader`` /
-    ``predict_dataloader`` yield ``{"images", "labels"}`` with the evaluation transform.
+    (:class:`~ijepa.data.batch.GridBatch` or ``ClipBatch`` from :class:`ijepa.data.collate.MaskCollator`,
+    :class:`~ijepa.data.batch.PackedBatch` with ``native_sides``); ``knn_train_dataloader`` /
+    ``knn_test_dataloader`` / ``predict_dataloader`` yield :class:`~ijepa.data.batch.LabeledBatch`
+    (images, labels) with the evaluation transform.
     ``patch_size`` is linked from the model by the CLI, so the mask grid and the model's patch
     grid cannot disagree.
 
@@ -406,7 +410,7 @@ class IJEPADataModule(L.LightningDataModule):
         return self.knn_test_dataloader()
 
     def knn_train_dataloader(self) -> DataLoader:
-        """Labelled bank for the k-NN probe, evaluation transform, ``{"images", "labels"}`` batches."""
+        """Labelled bank for the k-NN probe, evaluation transform, :class:`~ijepa.data.batch.LabeledBatch`."""
         return self._loader(
             self.split("knn_train"), self.hparams.knn_batch_size, False, labeled_collate, persistent=False
         )

@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 from torchvision.transforms import v2
 
+from ijepa.data.batch import PackedBatch
 from ijepa.data.collate import split_seeds
 from ijepa.masks import MultiBlockMaskSampler
-from ijepa.nn.packing import canvas_positions, drop_tokens, pack, pack_greedy, patchify
+from ijepa.nn.packing import Packed, canvas_positions, drop_tokens, pack, pack_greedy, patchify
 
 
 class NativeSizeCrop:
@@ -39,11 +40,12 @@ class PackedMaskCollator:
     the image's own shape, as it means the square on the fixed grid), and ``min_keep`` scales with
     the image's share of the full grid's patches (at least 1). The three token
     sets are packed separately into sequences of at most ``token_budget`` slots (first fit,
-    longest first; an image larger than the budget is an error):
+    longest first; an image larger than the budget is an error), returned as a
+    :class:`~ijepa.data.batch.PackedBatch`:
 
-    * ``full_*``: every patch of every image, for the target encoder;
-    * ``context_*``: the context patches, for the context encoder;
-    * ``pred_*``: per image its context slots (group 0) then each target block (groups 1..M),
+    * ``full``: every patch of every image, for the target encoder;
+    * ``context``: the context patches, for the context encoder;
+    * ``pred``: per image its context slots (group 0) then each target block (groups 1..M),
       for the predictor. ``pred_context_slot`` points each group-0 slot at its context token
       (a flat index into ``[S_c * L_c]``), ``pred_target_slot`` each block slot at its target
       token (a flat index into ``[S_f * L_f]``); ``-1`` elsewhere.
@@ -51,9 +53,10 @@ class PackedMaskCollator:
     ``packing=False`` gives every image a sequence of its own, padded to the longest (the
     baseline packing is measured against, ``ijepa.benchmark.packing``).
 
-    Each set has ``values`` (patch pixels ``[S, L, C p p]``; none for ``pred``), ``positions``
-    (canvas positions on ``canvas``, the model's grid), ``ids`` (image index, ``-1`` padding);
-    the batch also has ``labels [B]`` and ``pred_groups``.
+    Each set is a :class:`~ijepa.nn.packing.Packed` with ``values`` (patch pixels ``[S, L, C p p]``;
+    none for ``pred``), ``positions`` (canvas positions on ``canvas``, the model's grid) and
+    ``image_ids`` (image index, ``-1`` padding); ``pred`` also has ``groups``. The batch also has
+    ``labels [B]``.
     """
 
     def __init__(
@@ -99,7 +102,7 @@ class PackedMaskCollator:
             for w in range(sides[0], sides[1] + 1):
                 self.sampler((h, w)).check(tries=4, batch_size=32)
 
-    def __call__(self, samples: list) -> dict[str, torch.Tensor]:
+    def __call__(self, samples: list) -> PackedBatch:
         samples, generator = split_seeds(samples)
         labels = torch.as_tensor([int(sample[1]) for sample in samples])
         images = [sample[0] for sample in samples]
@@ -121,20 +124,12 @@ class PackedMaskCollator:
         context_items = [p[c] for p, c in zip(patches, contexts)]
         context_positions = [pos[c] for pos, c in zip(positions, contexts)]
         context = pack(context_items, context_positions, self.bins([c.numel() for c in contexts], self.budget))
-        prediction = self._prediction_layout(full, context, contexts, targets, positions)
-        batch = {"labels": labels}
-        for name, packed in (("full", full), ("context", context)):
-            batch.update(
-                {
-                    f"{name}_values": packed.values,
-                    f"{name}_positions": packed.positions,
-                    f"{name}_ids": packed.image_ids,
-                }
-            )
-        batch.update(prediction)
-        return batch
+        pred, context_slot, target_slot = self._prediction_layout(full, context, contexts, targets, positions)
+        return PackedBatch(labels, full, context, pred, context_slot, target_slot)
 
-    def _prediction_layout(self, full, context, contexts, targets, positions) -> dict[str, torch.Tensor]:
+    def _prediction_layout(
+        self, full, context, contexts, targets, positions
+    ) -> tuple[Packed, torch.Tensor, torch.Tensor]:
         # where each image's tokens sit in the packed full and context sets (flat slot indices)
         full_slots = _slots_per_image(full.image_ids, len(contexts))
         context_slots = _slots_per_image(context.image_ids, len(contexts))
@@ -154,13 +149,10 @@ class PackedMaskCollator:
         packed = pack([s[:, None] for s in sources], pred_positions, bins, groups)
         source = packed.values[..., 0]
         real = packed.image_ids >= 0
-        return {
-            "pred_positions": packed.positions,
-            "pred_ids": packed.image_ids,
-            "pred_groups": packed.groups,
-            "pred_context_slot": torch.where(real & (source >= 0), source, -1),
-            "pred_target_slot": torch.where(real & (source < -1), -2 - source, -1),
-        }
+        layout = Packed(None, packed.positions, packed.image_ids, packed.groups)
+        context_slot = torch.where(real & (source >= 0), source, -1)
+        target_slot = torch.where(real & (source < -1), -2 - source, -1)
+        return layout, context_slot, target_slot
 
 
 def _slots_per_image(image_ids: torch.Tensor, num_images: int) -> list[torch.Tensor]:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import abc
 import copy
-import importlib
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from ijepa.data.stl10 import STL10
 from ijepa.data.transforms import ClipToTensor
 from ijepa.data.video_folder import VideoFolderClips
 from ijepa.nn.checks import check_range
+from ijepa.registry import class_path, concrete_subclasses, from_config
 
 SPLIT_NAMES = ("pretrain", "val", "knn_train", "knn_test")
 
@@ -122,8 +121,7 @@ class DataSource(abc.ABC):
     def config(self) -> dict:
         """``{"class_path", "init_args"}``: plain values that rebuild this source
         (:func:`source_from_config`), stored in checkpoints instead of the object."""
-        cls = type(self)
-        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": copy.deepcopy(vars(self))}
+        return {"class_path": class_path(self), "init_args": copy.deepcopy(vars(self))}
 
     def __repr__(self) -> str:
         args = ", ".join(f"{key}={value!r}" for key, value in vars(self).items())
@@ -133,25 +131,12 @@ class DataSource(abc.ABC):
 def source_kinds() -> tuple[type[DataSource], ...]:
     """The concrete data sources imported so far, in the order they were defined: the registry
     the CLI's choices and the generated docs read."""
-    found: list[type[DataSource]] = []
-
-    def add(cls: type[DataSource]) -> None:
-        if not inspect.isabstract(cls) and "<locals>" not in cls.__qualname__ and cls not in found:
-            found.append(cls)
-        for subclass in cls.__subclasses__():
-            add(subclass)
-
-    add(DataSource)
-    return tuple(found)
+    return concrete_subclasses(DataSource)
 
 
 def source_from_config(config: dict) -> DataSource:
     """The source a :meth:`DataSource.config` dict describes."""
-    module, _, name = config["class_path"].rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    if not (isinstance(cls, type) and issubclass(cls, DataSource)):
-        raise ValueError(f"{config['class_path']} is not a DataSource.")
-    return cls(**config.get("init_args", {}))
+    return from_config(config, DataSource)
 
 
 def folder_splits(

@@ -154,8 +154,8 @@ class EvalContext:
             drop_last=True,
         )
         for batch in loader:
-            features = encode(fabric, self.encoder, batch["images"].to(fabric.device), kind, last_blocks)
-            labels = batch["labels"].to(fabric.device)
+            features = encode(fabric, self.encoder, batch.images.to(fabric.device), kind, last_blocks)
+            labels = batch.labels.to(fabric.device)
             if kind == "blocks":
                 features = features.flatten(1)
             yield gather_batches(fabric, features), gather_batches(fabric, labels)

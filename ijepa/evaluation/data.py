@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from ijepa.data.batch import LabeledBatch
 from ijepa.data.sources import DataSource, ShapesSource, SplitSettings, check_fraction
 from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ijepa.nn.checks import check_range
@@ -24,13 +25,14 @@ def _normalise() -> list[v2.Transform]:
     return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
 
 
-def image_label_collate(samples: list) -> dict[str, torch.Tensor]:
-    """``(image, label, ...)`` samples -> ``{"images": [B, 3, H, W], "labels": [B]}`` (anything after
-    the label, such as :class:`~ijepa.data.sampling.SeededSamples`' seed, is dropped)."""
-    return {
-        "images": torch.stack([sample[0] for sample in samples]),
-        "labels": torch.as_tensor([int(sample[1]) for sample in samples], dtype=torch.long),
-    }
+def image_label_collate(samples: list) -> LabeledBatch:
+    """``(image, label, ...)`` samples -> a :class:`~ijepa.data.batch.LabeledBatch`, ``images
+    [B, 3, H, W]`` and ``labels [B]`` (anything after the label, such as
+    :class:`~ijepa.data.sampling.SeededSamples`' seed, is dropped)."""
+    return LabeledBatch(
+        torch.stack([sample[0] for sample in samples]),
+        torch.as_tensor([int(sample[1]) for sample in samples], dtype=torch.long),
+    )
 
 
 class EvalData:

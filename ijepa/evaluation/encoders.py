@@ -17,7 +17,7 @@ from torch import nn
 
 from ijepa.interop.encoder import load_encoder
 from ijepa.interop.huggingface import load_hf
-from ijepa.nn.vit import VisionTransformer, block_token_outputs
+from ijepa.nn.vit import VisionTransformer
 
 PIXELS = "pixels"  # the checkpoint value that evaluates raw pixels
 
@@ -56,7 +56,7 @@ class ViTEncoder(FrozenEncoder):
     def block_means(self, images: torch.Tensor, last_blocks: int) -> torch.Tensor:
         if not 1 <= last_blocks <= self.depth:
             raise ValueError(f"last_blocks must be in 1..{self.depth} (the encoder's depth), got {last_blocks}.")
-        outputs = block_token_outputs(self.network, images, last_blocks)
+        outputs = self.network.block_outputs(images, last_blocks)
         return torch.stack([output.mean(dim=1) for output in outputs], dim=1)
 
     @torch.no_grad()
@@ -136,7 +136,7 @@ def open_encoder(
                 f"checkpoint={checkpoint!r} is not an ijepa checkpoint or an exported encoder ({error}). Official "
                 "I-JEPA checkpoints: convert them first (ijepa convert SOURCE DEST ckpt, docs/interop.md)."
             ) from error
-    if not isinstance(network, VisionTransformer):
+    if network.is_clip_encoder:
         raise ValueError(f"checkpoint={checkpoint!r} holds a clip encoder; ijepa eval evaluates image encoders.")
     return ViTEncoder(network), {
         "path": str(path.resolve()),

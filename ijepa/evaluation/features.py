@@ -69,8 +69,8 @@ def extract(
     )
     features, labels = [], []
     for batch in loader:
-        features.append(encode(fabric, encoder, batch["images"].to(fabric.device), kind, last_blocks))
-        labels.append(batch["labels"].to(fabric.device))
+        features.append(encode(fabric, encoder, batch.images.to(fabric.device), kind, last_blocks))
+        labels.append(batch.labels.to(fabric.device))
     features, labels = torch.cat(features), torch.cat(labels)
     features, labels = gather_batches(fabric, features)[:size].cpu(), gather_batches(fabric, labels)[:size].cpu()
     keep = labels >= 0  # unlabelled items never enter an evaluation

@@ -15,7 +15,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ijepa.nn.position import AdditivePosition, NonePosition
-from ijepa.nn.video import VideoVisionTransformer
 from ijepa.nn.vit import VisionTransformer
 
 # The IJEPA hyperparameters its encoders are built from (ijepa.module.IJEPA.__init__), by name.
@@ -52,7 +51,7 @@ def read_torch_file(path: str | Path, what: str = "PyTorch checkpoint") -> objec
         ) from error
 
 
-def load_encoder(checkpoint: str | Path, encoder: str = "target") -> VisionTransformer | VideoVisionTransformer:
+def load_encoder(checkpoint: str | Path, encoder: str = "target") -> VisionTransformer:
     """The trained encoder of an ``ijepa fit`` checkpoint as a plain :class:`torch.nn.Module` in
     eval mode, on the CPU: ``encoder(images [B, 3, H, W]) -> [B, N, D]`` patch features and
     ``encoder.pooled_features(images) -> [B, D]``. ``encoder``: ``target`` (the EMA encoder the
@@ -67,9 +66,9 @@ def load_encoder(checkpoint: str | Path, encoder: str = "target") -> VisionTrans
         raise ValueError(f"{checkpoint} is not an ijepa fit checkpoint: it has no state_dict and hyper_parameters.")
     options = {key: hp[key] for key in ENCODER_OPTIONS if key in hp}
     if hp.get("num_frames"):
-        network = VideoVisionTransformer(**options, **{key: hp[key] for key in CLIP_OPTIONS if key in hp})
+        network = VisionTransformer.for_clips(**options, **{key: hp[key] for key in CLIP_OPTIONS if key in hp})
     else:
-        network = VisionTransformer(**options)
+        network = VisionTransformer.for_images(**options)
     prefix = "target_encoder." if encoder == "target" else "encoder."
     load_exactly(
         network, {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}, str(checkpoint)
@@ -103,6 +102,8 @@ def image_encoder(encoder: torch.nn.Module, which: str = "target") -> VisionTran
         raise ValueError(
             f"only image encoders (ijepa.nn.vit.VisionTransformer) can be exported, got {type(encoder).__name__}."
         )
+    if encoder.is_clip_encoder:
+        raise ValueError("only image encoders can be exported, got a clip encoder (model.num_frames > 0).")
     return encoder
 
 
@@ -129,7 +130,7 @@ def encoder_options(encoder: VisionTransformer) -> dict:
     first = encoder.transformer.blocks[0]
     kernel = encoder.patch_embed.proj.weight
     return {
-        "image_size": encoder.grid_size * kernel.size(-1),
+        "image_size": encoder.patch_embed.image_size,
         "patch_size": kernel.size(-1),
         "in_channels": kernel.size(1),
         "embed_dim": encoder.embed_dim,

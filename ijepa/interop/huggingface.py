@@ -257,7 +257,7 @@ def load_hf(
             pos_embed = "sincos"
         except ValueError:
             pos_embed = "learned"
-    encoder = VisionTransformer(
+    encoder = VisionTransformer.for_images(
         image_size=_square(config["image_size"], "image_size"),
         patch_size=_square(config["patch_size"], "patch_size"),
         in_channels=int(config.get("num_channels", 3)),

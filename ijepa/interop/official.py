@@ -174,14 +174,14 @@ def to_official(model: torch.nn.Module, module_prefix: bool = True) -> dict:
     if problems:
         raise ValueError("the official I-JEPA layout cannot express " + "; ".join(problems) + ".")
     state = {key: value.detach().clone() for key, value in model.state_dict().items()}
-    grid = model.encoder.grid_size
+    grid = model.encoder.grid
     checkpoint = {}
     for network in ("encoder", "target_encoder"):
         part = official_layout(state, ENCODER_NAMES, "blocks.", f"{network}.")
-        part["pos_embed"] = sinusoidal_2d_grid(grid, grid, hp.embed_dim)[None]
+        part["pos_embed"] = sinusoidal_2d_grid(*grid, hp.embed_dim)[None]
         checkpoint[network] = part
     predictor = official_layout(state, PREDICTOR_NAMES, "predictor_blocks.", "predictor.")
-    predictor["predictor_pos_embed"] = sinusoidal_2d_grid(grid, grid, hp.predictor_embed_dim)[None]
+    predictor["predictor_pos_embed"] = sinusoidal_2d_grid(*grid, hp.predictor_embed_dim)[None]
     checkpoint["predictor"] = predictor
     leftover = [key for key in state if not key.startswith(NETWORKS)]
     if leftover:

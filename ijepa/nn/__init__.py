@@ -16,6 +16,7 @@ from ijepa.nn.position import (
     sinusoidal_2d_grid,
 )
 from ijepa.nn.predictor import Predictor
+from ijepa.nn.video import TubeletEmbed
 from ijepa.nn.vit import Block, VisionTransformer
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "PatchEmbed",
     "PositionEncoding",
     "Predictor",
+    "TubeletEmbed",
     "VisionTransformer",
     "add_position_embedding",
     "apply_rotary",

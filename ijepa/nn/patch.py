@@ -52,15 +52,17 @@ class PatchEmbed(nn.Module):
     ``[B, C, H, W] -> [B, N, D]`` with ``N = (H / P) * (W / P)`` in row-major order.
     ``forward(images, patch_size=p)`` cuts ``p x p`` patches instead, with the kernel resized by
     FlexiViT's pseudo-inverse (:func:`~ijepa.nn.resize.resize_patch_embed_kernel`, the resize a
-    checkpoint load applies), gradient included: ``N = (H / p)^2``.
+    checkpoint load applies), gradient included: ``N = (H / p)^2``. ``grid`` is ``(H / P, W / P)``,
+    spelled as :class:`~ijepa.nn.video.TubeletEmbed`'s ``(T', H', W')``.
     """
 
     def __init__(self, image_size: int, patch_size: int, in_channels: int = 3, embed_dim: int = 192):
         super().__init__()
-        self.grid_size = grid_size(image_size, patch_size)
+        side = grid_size(image_size, patch_size)
+        self.grid = (side, side)
         self.image_size = image_size
         self.patch_size = patch_size
-        self.num_patches = self.grid_size**2
+        self.num_patches = side * side
         self.proj = nn.Conv2d(in_channels, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, images: torch.Tensor, patch_size: int | None = None) -> torch.Tensor:

@@ -9,7 +9,7 @@ from ijepa.nn.attention import BlockLayout
 from ijepa.nn.checks import check_indices
 from ijepa.nn.packing import Packed, check_packable
 from ijepa.nn.position import PositionEncoding, build_position_encoding
-from ijepa.nn.vit import Transformer, init_vit_weights, rescale_residual_branches
+from ijepa.nn.vit import Transformer, init_network
 
 PREDICTOR_MODES = ("per_block", "one_pass")
 
@@ -25,10 +25,12 @@ class Predictor(nn.Module):
     frame_times, context_mask [B, Kc] | None)`` returns ``[B, M, Kt, D]`` (or ``[B, Kt, D]``);
     ``context_mask`` (True for real tokens) marks padding in the context, which no query sees;
     ``target_mask [B, M, Kt]`` (True for real targets) marks padded target slots (static
-    shapes), which no query sees as a key; their predictions are to be ignored. ``grid`` gives the indices' grid when it is not the predictor's own (a FlexiViT step at another
-    patch size: the position encoding's view on that grid). ``grid_size`` is the side of an image grid, or
-    ``(T', H', W')`` for clips with a video position encoding (``sincos_3d``, ``learned_3d``,
-    ``mrope``; M-RoPE also takes ``frame_times [B, T']``).
+    shapes), which no query sees as a key; their predictions are to be ignored. ``forward``'s
+    ``grid`` gives the indices' grid when it is not the predictor's own (a FlexiViT step at
+    another patch size: the position encoding's view on that grid). The constructor's ``grid`` is
+    the encoder's: ``(H', W')`` (or its side) for images, ``(T', H', W')`` for clips with a clip
+    position encoding (``sincos_3d``, ``learned_flat_3d``, ``mrope``; M-RoPE also takes
+    ``frame_times [B, T']``).
 
     ``mode`` says how M target blocks are predicted:
 
@@ -46,7 +48,7 @@ class Predictor(nn.Module):
 
     def __init__(
         self,
-        grid_size: int | tuple[int, int, int],
+        grid: int | tuple[int, ...],
         embed_dim: int = 192,
         predictor_embed_dim: int = 96,
         depth: int = 6,
@@ -63,28 +65,23 @@ class Predictor(nn.Module):
         if mode not in PREDICTOR_MODES:
             raise ValueError(f"predictor mode must be one of {PREDICTOR_MODES}, got {mode!r}.")
         self.mode = mode
-        self.grid_size = grid_size
+        self.grid = (grid, grid) if isinstance(grid, int) else tuple(grid)
         self.embed_dim = embed_dim
         self.input_proj = nn.Linear(embed_dim, predictor_embed_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, predictor_embed_dim))
-        grid = (grid_size, grid_size) if isinstance(grid_size, int) else tuple(grid_size)
-        position = build_position_encoding(pos_embed, grid, predictor_embed_dim, num_heads, pos_options)
-        self.num_patches = position.num_positions
-        self.transformer = Transformer(
-            predictor_embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate
-        )
-        self.output_proj = nn.Linear(predictor_embed_dim, embed_dim)
-        self.apply(init_vit_weights)
-        nn.init.trunc_normal_(self.mask_token, std=0.02)
+        position = build_position_encoding(pos_embed, self.grid, predictor_embed_dim, num_heads, pos_options)
         if mode == "one_pass" and "after_block" in position.hooks():
             # e.g. PEG's convolution over the token grid would mix blocks that share positions.
             raise ValueError(
                 f"predictor mode 'one_pass' needs a position encoding that acts per token, not {pos_embed!r}; "
                 "use mode 'per_block' or another predictor_pos_embed."
             )
-        position.reset_parameters()
-        if rescale_residuals:
-            rescale_residual_branches(self.transformer.blocks)
+        self.num_patches = position.num_positions
+        self.transformer = Transformer(
+            predictor_embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate
+        )
+        self.output_proj = nn.Linear(predictor_embed_dim, embed_dim)
+        init_network(self, rescale_residuals, learned_inputs=(self.mask_token,))
 
     @property
     def position(self) -> PositionEncoding:

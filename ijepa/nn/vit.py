@@ -1,4 +1,5 @@
-"""Vision Transformer encoder over gathered patch indices (no class token)."""
+"""The Vision Transformer: its blocks, the one init sequence, and the encoder of images and clips
+(over gathered patch indices, no class token)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from ijepa.nn.checks import check_indices, check_positive
 from ijepa.nn.packing import Packed, check_packable
 from ijepa.nn.patch import PatchEmbed, gather_patches
 from ijepa.nn.position import AttentionPositions, PositionEncoding, build_position_encoding
+from ijepa.nn.video import TubeletEmbed
+
+# The position encoding of an encoder that names none, by grid axes (images, clips).
+DEFAULT_POSITIONS = {2: "sincos", 3: "sincos_3d"}
 
 
 class MLP(nn.Module):
@@ -184,49 +189,106 @@ def rescale_residual_branches(blocks: nn.ModuleList) -> None:
         block.mlp.fc2.weight.data.div_(math.sqrt(2.0 * layer))
 
 
+def init_network(network: nn.Module, rescale_residuals: bool, learned_inputs: tuple[nn.Parameter, ...] = ()) -> None:
+    """The one init of the encoders and the predictor, on ``network`` (which has a
+    ``transformer``): :func:`init_vit_weights` over every submodule, the ``learned_inputs`` (the
+    predictor's mask token) trunc-normal(0.02), the position encoding's own draw
+    (:meth:`~ijepa.nn.position.PositionEncoding.reset_parameters`), then, with
+    ``rescale_residuals``, :func:`rescale_residual_branches`. The order fixes which random numbers
+    each tensor gets, so a seed gives the same weights as it always has."""
+    network.apply(init_vit_weights)
+    for parameter in learned_inputs:
+        nn.init.trunc_normal_(parameter, std=0.02)
+    network.transformer.position.reset_parameters()
+    if rescale_residuals:
+        rescale_residual_branches(network.transformer.blocks)
+
+
 class VisionTransformer(nn.Module):
-    """ViT encoder that runs only on the given patches.
+    """ViT encoder of images or clips that runs only on the given tokens (no class token).
 
-    ``forward(images [B, C, H, W], patch_indices [B, K] | None, token_mask [B, K] | None) -> [B, K, D]``;
-    with no indices it encodes all ``N = (H / P)^2`` patches in row-major order; ``token_mask``
-    (True for real tokens) marks padding among the indices. Online and target encoders are two
-    instances of this class.
+    The token embedding is given: a :class:`~ijepa.nn.patch.PatchEmbed` (images ``[B, C, H, W]``,
+    grid ``(H', W')``) or a :class:`~ijepa.nn.video.TubeletEmbed` (clips ``[B, C, T, H, W]``, grid
+    ``(T', H', W')``); :meth:`for_images` and :meth:`for_clips` build it from sizes. Everything
+    after the embedding is shared: ``forward(inputs, patch_indices [B, K] | None, token_mask
+    [B, K] | None, patch_size, frame_times [B, T'] | None) -> [B, K, D]``; with no indices it
+    encodes all ``N`` tokens in row-major order; ``token_mask`` (True for real tokens) marks
+    padding among the indices; ``patch_size`` is FlexiViT's per-call patch size (images only);
+    ``frame_times`` (one per temporal token, in temporal-position units) reach the encodings that
+    read time (``mrope``). Online and target encoders are two instances of this class.
 
-    ``rescale_residuals``: divide each block's output projections by ``sqrt(2 * layer)`` after
-    the init (the I-JEPA ViT's constructor does; the official training script then redraws every
-    Linear, so official runs start without it). ``norm_eps``: the LayerNorms' epsilon (1e-6 as
-    in I-JEPA and timm; a Hugging Face config may say otherwise, see :mod:`ijepa.interop`).
+    ``pos_embed``: a member of :data:`~ijepa.nn.position.POSITION_ENCODINGS` for the embedding's
+    grid (None: ``sincos`` for images, ``sincos_3d`` for clips). ``rescale_residuals``: divide
+    each block's output projections by ``sqrt(2 * layer)`` after the init (the I-JEPA ViT's
+    constructor does; the official training script then redraws every Linear, so official runs
+    start without it). ``norm_eps``: the LayerNorms' epsilon (1e-6 as in I-JEPA and timm; a
+    Hugging Face config may say otherwise, see :mod:`ijepa.interop`).
     """
 
     def __init__(
         self,
-        image_size: int = 96,
-        patch_size: int = 8,
-        in_channels: int = 3,
-        embed_dim: int = 192,
+        patch_embed: PatchEmbed | TubeletEmbed,
         depth: int = 12,
         num_heads: int = 3,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         drop_path_rate: float = 0.0,
-        pos_embed: str = "sincos",
+        pos_embed: str | None = None,
         rescale_residuals: bool = True,
         pos_options: dict | None = None,
         norm_eps: float = 1e-6,
     ):
         super().__init__()
-        self.patch_embed = PatchEmbed(image_size, patch_size, in_channels, embed_dim)
-        self.grid_size = self.patch_embed.grid_size
-        self.num_patches = self.patch_embed.num_patches
-        self.embed_dim = embed_dim
-        position = build_position_encoding(pos_embed, (self.grid_size,) * 2, embed_dim, num_heads, pos_options)
+        self.patch_embed = patch_embed
+        self.embed_dim = patch_embed.proj.out_channels
+        if pos_embed is None:
+            pos_embed = DEFAULT_POSITIONS[len(patch_embed.grid)]
+        position = build_position_encoding(pos_embed, patch_embed.grid, self.embed_dim, num_heads, pos_options)
         self.transformer = Transformer(
-            embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate, norm_eps
+            self.embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate, norm_eps
         )
-        self.apply(init_vit_weights)
-        position.reset_parameters()
-        if rescale_residuals:
-            rescale_residual_branches(self.transformer.blocks)
+        init_network(self, rescale_residuals)
+
+    @classmethod
+    def for_images(
+        cls, image_size: int = 96, patch_size: int = 8, in_channels: int = 3, embed_dim: int = 192, *args, **options
+    ) -> VisionTransformer:
+        """An image encoder: ``patch_size`` x ``patch_size`` patches of ``image_size`` squares;
+        ``args`` and ``options`` as the constructor's (``depth``, ``num_heads``, ...)."""
+        return cls(PatchEmbed(image_size, patch_size, in_channels, embed_dim), *args, **options)
+
+    @classmethod
+    def for_clips(
+        cls,
+        num_frames: int = 16,
+        image_size: int = 64,
+        tubelet_size: int = 2,
+        patch_size: int = 8,
+        in_channels: int = 3,
+        embed_dim: int = 192,
+        *args,
+        **options,
+    ) -> VisionTransformer:
+        """A clip encoder: ``tubelet_size`` x ``patch_size`` x ``patch_size`` tubelets of
+        ``num_frames`` frames of ``image_size`` squares; ``args`` and ``options`` as the
+        constructor's (``depth``, ``num_heads``, ...)."""
+        embed = TubeletEmbed(num_frames, image_size, tubelet_size, patch_size, in_channels, embed_dim)
+        return cls(embed, *args, **options)
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """The token grid: ``(H', W')`` for images, ``(T', H', W')`` for clips."""
+        return self.patch_embed.grid
+
+    @property
+    def num_patches(self) -> int:
+        """Tokens on the full grid, ``N``."""
+        return self.patch_embed.num_patches
+
+    @property
+    def is_clip_encoder(self) -> bool:
+        """Whether the encoder embeds clips (a :class:`~ijepa.nn.video.TubeletEmbed`)."""
+        return isinstance(self.patch_embed, TubeletEmbed)
 
     @property
     def position(self) -> PositionEncoding:
@@ -237,40 +299,51 @@ class VisionTransformer(nn.Module):
         """Every patch index, ``[batch_size, N]``."""
         return torch.arange(self.num_patches, device=device).expand(batch_size, -1)
 
-    def embed(self, images: torch.Tensor, patch_size: int | None = None) -> tuple[torch.Tensor, PositionEncoding]:
-        """Patch tokens ``[B, N, D]`` (no positions yet) and the position encoding of their grid:
-        the encoder's own, or for another ``patch_size`` (FlexiViT) the resized kernel's tokens
-        and the encoding's view on that grid (:meth:`PositionEncoding.at_grid`)."""
-        tokens = self.patch_embed(images, patch_size)
+    def embed(self, inputs: torch.Tensor, patch_size: int | None = None) -> tuple[torch.Tensor, PositionEncoding]:
+        """Tokens ``[B, N, D]`` (no positions yet) and the position encoding of their grid: the
+        encoder's own, or for another ``patch_size`` (FlexiViT, images only) the resized kernel's
+        tokens and the encoding's view on that grid (:meth:`PositionEncoding.at_grid`)."""
         if patch_size is None or patch_size == self.patch_embed.patch_size:
-            return tokens, self.position
-        grid = self.patch_embed.image_size // patch_size
-        return tokens, self.position.at_grid((grid, grid))
+            return self.patch_embed(inputs), self.position
+        if self.is_clip_encoder:
+            raise ValueError(
+                f"patch_size={patch_size}: per-call patch sizes (FlexiViT, data.train_patch_sizes) are for image "
+                f"encoders; this clip encoder's tubelets are {self.patch_embed.patch_size} px, fixed."
+            )
+        tokens = self.patch_embed(inputs, patch_size)
+        side = self.patch_embed.image_size // patch_size
+        return tokens, self.position.at_grid((side, side))
 
     def forward(
         self,
-        images: torch.Tensor,
+        inputs: torch.Tensor,
         patch_indices: torch.Tensor | None = None,
+        *,
         token_mask: torch.Tensor | None = None,
         patch_size: int | None = None,
+        frame_times: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        tokens, position = self.embed(images, patch_size)  # [B, N, D]
+        tokens, position = self.embed(inputs, patch_size)  # [B, N, D]
         if patch_indices is None:
-            patch_indices = torch.arange(tokens.size(1), device=images.device).expand(images.size(0), -1)
+            patch_indices = torch.arange(tokens.size(1), device=inputs.device).expand(inputs.size(0), -1)
         else:
             check_indices(patch_indices, tokens.size(1), "patch_indices")
-            if patch_indices.size(0) != images.size(0):
+            if patch_indices.size(0) != inputs.size(0):
                 raise ValueError(
-                    f"batch mismatch: images have B={images.size(0)}, patch_indices have B={patch_indices.size(0)}."
+                    f"batch mismatch: inputs have B={inputs.size(0)}, patch_indices have B={patch_indices.size(0)}."
                 )
             tokens = gather_patches(tokens, patch_indices)
-        return self.transformer(tokens, patch_indices, token_mask=token_mask, position=position)
+        return self.transformer(
+            tokens, patch_indices, frame_times=frame_times, token_mask=token_mask, position=position
+        )
 
     def forward_packed(self, packed: Packed) -> torch.Tensor:
         """NaViT: images of their own sizes packed into sequences (:mod:`ijepa.nn.packing`), whose
         ``values [S, L, C p p]`` are patches, ``positions`` canvas positions on this encoder's grid
         -> features ``[S, L, D]``; every token attends only to its own image's tokens (padding
-        slots hold values to ignore). Position members that act per image only."""
+        slots hold values to ignore). Image encoders, with position members that act per image only."""
+        if self.is_clip_encoder:
+            raise ValueError("packed batches (NaViT, data.native_resolution) are for image encoders, not clips.")
         check_packable(self.position.name)
         if packed.values.size(-1) != self.patch_embed.proj.weight[0].numel():
             raise ValueError(
@@ -282,51 +355,31 @@ class VisionTransformer(nn.Module):
         tokens = F.linear(packed.values, proj.weight.flatten(1), proj.bias)  # the patch convolution, per slot
         return self.transformer(tokens, packed.positions, attn_mask=packed.attention_mask())
 
-    def pooled_features(
-        self, images: torch.Tensor, last_blocks: int = 1, patch_size: int | None = None
-    ) -> torch.Tensor:
-        """Mean over all patches of the last ``last_blocks`` blocks' normed outputs, concatenated:
-        ``[B, C, H, W] -> [B, last_blocks * D]`` (oldest block first); ``patch_size`` as in
-        :meth:`embed`."""
-        return pooled_block_features(self, images, last_blocks, patch_size=patch_size)
-
     def block_outputs(
-        self, images: torch.Tensor, last_blocks: int = 1, patch_size: int | None = None
+        self,
+        inputs: torch.Tensor,
+        last_blocks: int = 1,
+        *,
+        patch_size: int | None = None,
+        frame_times: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
-        """The last ``last_blocks`` blocks' normed outputs on all patches, ``last_blocks`` x
-        ``[B, N, D]`` (oldest block first; :func:`block_token_outputs`)."""
-        return block_token_outputs(self, images, last_blocks, patch_size=patch_size)
+        """The last ``last_blocks`` blocks' normed outputs on all tokens, ``last_blocks`` x
+        ``[B, N, D]`` (oldest block first); ``patch_size`` and ``frame_times`` as in ``forward``."""
+        tokens, position = self.embed(inputs, patch_size)
+        indices = torch.arange(tokens.size(1), device=inputs.device).expand(inputs.size(0), -1)
+        return self.transformer.last_block_outputs(
+            tokens, indices, last_blocks, frame_times=frame_times, position=position
+        )
 
-
-def block_token_outputs(
-    encoder: nn.Module,
-    inputs: torch.Tensor,
-    last_blocks: int = 1,
-    frame_times: torch.Tensor | None = None,
-    patch_size: int | None = None,
-) -> list[torch.Tensor]:
-    """For an image or clip encoder (``patch_embed``, ``position``, ``transformer``) on all its
-    tokens: the last ``last_blocks`` blocks' normed outputs, ``last_blocks`` x ``[B, N, D]``
-    (oldest block first). ``patch_size``: an image encoder's FlexiViT patch size
-    (:meth:`VisionTransformer.embed`)."""
-    if patch_size is None:
-        tokens, position = encoder.patch_embed(inputs), encoder.position
-    else:
-        tokens, position = encoder.embed(inputs, patch_size)
-    indices = torch.arange(tokens.size(1), device=inputs.device).expand(inputs.size(0), -1)
-    return encoder.transformer.last_block_outputs(
-        tokens, indices, last_blocks, frame_times=frame_times, position=position
-    )
-
-
-def pooled_block_features(
-    encoder: nn.Module,
-    inputs: torch.Tensor,
-    last_blocks: int = 1,
-    frame_times: torch.Tensor | None = None,
-    patch_size: int | None = None,
-) -> torch.Tensor:
-    """:func:`block_token_outputs`, each mean-pooled over the tokens, concatenated:
-    ``[B, last_blocks * D]``."""
-    outputs = block_token_outputs(encoder, inputs, last_blocks, frame_times, patch_size)
-    return torch.cat([output.mean(dim=1) for output in outputs], dim=-1)
+    def pooled_features(
+        self,
+        inputs: torch.Tensor,
+        last_blocks: int = 1,
+        *,
+        patch_size: int | None = None,
+        frame_times: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Mean over all tokens of the last ``last_blocks`` blocks' normed outputs, concatenated:
+        ``[B, last_blocks * D]`` (oldest block first; :meth:`block_outputs`)."""
+        outputs = self.block_outputs(inputs, last_blocks, patch_size=patch_size, frame_times=frame_times)
+        return torch.cat([output.mean(dim=1) for output in outputs], dim=-1)

@@ -14,9 +14,11 @@ from unittest import mock
 
 from ijepa.cli import LINKS, build_cli
 from ijepa.data.sources import DataSource, source_kinds
+from ijepa.regularizers import Regularizer, regularizer_kinds
 
-# Every concrete source the CLI has imported (ijepa.cli imports them all), in definition order.
+# Every concrete source and regulariser the CLI has imported, in definition order.
 SOURCES: tuple[type[DataSource], ...] = source_kinds()
+REGULARIZERS: tuple[type[Regularizer], ...] = regularizer_kinds()
 
 HEADER = """# Configuration reference
 
@@ -36,11 +38,20 @@ def _type_name(action) -> str:
 
 
 def argument_docs(cls: type) -> dict[str, str]:
-    """``{name: text}`` from the ``Args:`` section of ``cls``'s docstring."""
+    """``{name: text}`` from the ``Args:`` sections of ``cls``'s docstring and its bases' (the
+    class's own text first)."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if base.__module__.startswith("ijepa") and base.__doc__:
+            docs.update(_own_argument_docs(base))
+    return docs
+
+
+def _own_argument_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     name = None
     in_args = False
-    for line in inspect.getdoc(cls).splitlines():
+    for line in inspect.cleandoc(cls.__doc__).splitlines():
         if line.strip() == "Args:":
             in_args = True
             continue
@@ -57,16 +68,10 @@ def argument_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def source_sections() -> list[str]:
-    """One table per data source: its own options (``data.source.<option>`` once chosen)."""
-    out = [
-        "## Data sources (`data.source`, `data.probe_source`)",
-        "",
-        "Chosen by `class_path` (`ijepa.data.<Source>`); each owns the options below, set under",
-        "`init_args` in YAML or as `--data.source.<option>` after `--data.source=<Source>`.",
-        "",
-    ]
-    for cls in SOURCES:
+def member_sections(title: str, intro: list[str], kinds) -> list[str]:
+    """One table per member of a family chosen by ``class_path``: its own options."""
+    out = [title, "", *intro, ""]
+    for cls in kinds:
         docs = argument_docs(cls)
         summary = " ".join(inspect.getdoc(cls).split("\n\n")[0].split()).replace("|", "\\|")
         out += [
@@ -86,6 +91,24 @@ def source_sections() -> list[str]:
             out.append(f"| `{cls.__name__}.{name}` | `{kind}` | `{parameter.default!r}` | {text} |")
         out.append("")
     return out
+
+
+def source_sections() -> list[str]:
+    """One table per data source (``data.source.<option>`` once chosen)."""
+    intro = [
+        "Chosen by `class_path` (`ijepa.data.<Source>`); each owns the options below, set under",
+        "`init_args` in YAML or as `--data.source.<option>` after `--data.source=<Source>`.",
+    ]
+    return member_sections("## Data sources (`data.source`, `data.probe_source`)", intro, SOURCES)
+
+
+def regularizer_sections() -> list[str]:
+    """One table per regulariser (an entry of ``model.regularizers``)."""
+    intro = [
+        "Each entry of the list is chosen by `class_path` (`ijepa.regularizers.<Regularizer>`) with",
+        "the options below under `init_args`; the entries join the JEPA loss in list order.",
+    ]
+    return member_sections("## Regularisers (`model.regularizers`)", intro, REGULARIZERS)
 
 
 def reference() -> str:
@@ -118,6 +141,7 @@ def reference() -> str:
             "",
         ]
     out += source_sections()
+    out += regularizer_sections()
     return "\n".join(out)
 
 

@@ -37,50 +37,40 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 PLAIN = "configs/ablations/plain_ijepa.yaml"
 
+
+def regularizer(kind: str, **init_args) -> str:
+    """The override that sets ``model.regularizers`` to one ``ijepa.regularizers.<kind>``."""
+    return "--model.regularizers=" + json.dumps(
+        [{"class_path": f"ijepa.regularizers.{kind}", "init_args": init_args}], separators=(",", ":")
+    )
+
+
+def sigreg(**options) -> str:
+    return regularizer("SIGReg", weight=0.05, **options)
+
+
+def varcov(**options) -> str:
+    return regularizer("VarianceCovariance", weight=0.04, **options)
+
+
 # Each lever alone, as overrides on top of the plain recipe; "recipe" is the quickstart itself.
 VARIANTS: dict[str, list[str]] = {
     "plain": [f"--config={PLAIN}"],
     "+pad": [f"--config={PLAIN}", "--data.context_policy=pad"],
     "+official_init": [f"--config={PLAIN}", "--model.rescale_residuals=false"],
-    "+sigreg_tokens": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=tokens"],
-    "+sigreg_pooled": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=pooled"],
-    "+sigreg_both": [f"--config={PLAIN}", "--model.sigreg_weight=0.05", "--model.sigreg_input=both"],
+    "+sigreg_tokens": [f"--config={PLAIN}", sigreg(input="tokens")],
+    "+sigreg_pooled": [f"--config={PLAIN}", sigreg(input="pooled")],
+    "+sigreg_both": [f"--config={PLAIN}", sigreg(input="both")],
     "+target_avg4": [f"--config={PLAIN}", "--model.target_last_blocks=4"],
     "+target_inorm": [f"--config={PLAIN}", "--model.target_norm=instance"],
-    "+varcov": [f"--config={PLAIN}", "--model.varcov_weight=0.04", "--model.varcov_input=tokens"],
-    "+varcov_pooled": [f"--config={PLAIN}", "--model.varcov_weight=0.04", "--model.varcov_input=pooled"],
-    "+varcov_both": [f"--config={PLAIN}", "--model.varcov_weight=0.04", "--model.varcov_input=both"],
-    "+varcov_inorm": [
-        f"--config={PLAIN}",
-        "--model.varcov_weight=0.04",
-        "--model.varcov_input=tokens",
-        "--model.target_norm=instance",
-    ],
-    "+sigreg_proj": [
-        f"--config={PLAIN}",
-        "--model.sigreg_weight=0.05",
-        "--model.sigreg_input=tokens",
-        "--model.sigreg_projector=[512,128]",
-    ],
-    "+sigreg_half_proj": [
-        f"--config={PLAIN}",
-        "--model.sigreg_weight=0.05",
-        "--model.sigreg_input=tokens",
-        "--model.sigreg_projector=[512,128]",
-        "--model.sigreg_projector_share=0.5",
-    ],
-    "+sigreg_multimask": [
-        f"--config={PLAIN}",
-        "--model.sigreg_weight=0.05",
-        "--model.sigreg_input=tokens",
-        "--data.masks_per_image=2",
-    ],
-    "+sigreg_inorm": [
-        f"--config={PLAIN}",
-        "--model.sigreg_weight=0.05",
-        "--model.sigreg_input=tokens",
-        "--model.target_norm=instance",
-    ],
+    "+varcov": [f"--config={PLAIN}", varcov(input="tokens")],
+    "+varcov_pooled": [f"--config={PLAIN}", varcov(input="pooled")],
+    "+varcov_both": [f"--config={PLAIN}", varcov(input="both")],
+    "+varcov_inorm": [f"--config={PLAIN}", varcov(input="tokens"), "--model.target_norm=instance"],
+    "+sigreg_proj": [f"--config={PLAIN}", sigreg(input="tokens", projector=[512, 128])],
+    "+sigreg_half_proj": [f"--config={PLAIN}", sigreg(input="tokens", projector=[512, 128], projector_share=0.5)],
+    "+sigreg_multimask": [f"--config={PLAIN}", sigreg(input="tokens"), "--data.masks_per_image=2"],
+    "+sigreg_inorm": [f"--config={PLAIN}", sigreg(input="tokens"), "--model.target_norm=instance"],
 }
 
 DATA: dict[str, list[str]] = {

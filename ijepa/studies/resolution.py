@@ -25,10 +25,12 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from ijepa.callbacks.knn import knn_scores
 from ijepa.callbacks.probe import extract_features
+from ijepa.checkpoint import load_adapted
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.sources import source_from_config
 from ijepa.module import IJEPA
 from ijepa.nn.resize import resize_patch, resize_patch_embed_kernel
+from ijepa.regularizers import migrate_legacy_hparams
 
 
 def knn_top1(model: IJEPA, datamodule: IJEPADataModule, k: int = 20, temperature: float = 0.07) -> float:
@@ -43,15 +45,10 @@ def knn_top1(model: IJEPA, datamodule: IJEPADataModule, k: int = 20, temperature
 def load_at(checkpoint: dict, image_size: int, patch_size: int | None = None) -> IJEPA:
     """The model of a loaded ``checkpoint`` rebuilt at ``image_size`` (and ``patch_size``),
     weights adapted on load (what ``IJEPA.load_from_checkpoint(path, image_size=...)`` does)."""
-    hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if not k.startswith("_")}
+    hparams = migrate_legacy_hparams(checkpoint["hyper_parameters"])
+    hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}
     model = IJEPA(**{**hparams, "image_size": image_size, "patch_size": patch_size or hparams["patch_size"]})
-    weights = {
-        "state_dict": dict(checkpoint["state_dict"]),
-        "hyper_parameters": hparams,
-        "resolution": checkpoint.get("resolution"),
-    }
-    model.on_load_checkpoint(weights)
-    model.load_state_dict(weights["state_dict"])
+    load_adapted(model, checkpoint)
     return model.eval()
 
 
@@ -113,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.patch_sizes:
         datamodule = IJEPADataModule(**{**data_hparams, "num_workers": 0, "min_keep": 1})
         datamodule.setup("validate")
-        images = next(iter(datamodule.knn_test_dataloader()))["images"]
+        images = next(iter(datamodule.knn_test_dataloader())).images
         model = load_at(saved[args.checkpoints[0]], train_size)
         for patch_size in args.patch_sizes:
             patch_errors[patch_size] = patch_resize_error(model, images, patch_size)

@@ -82,7 +82,7 @@ def train_supervised(model: IJEPA, datamodule, steps: int, seed: int) -> dict[st
             lr = warmup_cosine_schedule(step, steps, min(hp.warmup_steps, steps), hp.lr, hp.final_lr, hp.start_lr)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss = F.cross_entropy(head(encoder(batch["images"]).mean(1)), batch["labels"])
+            loss = F.cross_entropy(head(encoder(batch.images).mean(1)), batch.labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ijepa.callbacks import JEPAImages, position_loss_map
 from ijepa.data import IJEPADataModule
+from ijepa.data.batch import GridBatch
 from ijepa.data.sources import MovingShapesSource, ShapesSource
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
@@ -38,7 +39,7 @@ def test_overlay_marks_exactly_the_sampled_patches():
 def test_loss_map_sums_back_to_the_loss():
     model = IJEPA(**TINY_MODEL)
     context, targets = MultiBlockMaskSampler(4, 3, (0.1, 0.2), min_keep=2)(6, torch.Generator().manual_seed(0))
-    batch = {"images": torch.randn(6, 3, 32, 32), "context_indices": context, "target_indices": targets}
+    batch = GridBatch(torch.randn(6, 3, 32, 32), context, targets)
     loss_sum, count = position_loss_map(model, batch)
     assert loss_sum.shape == count.shape == (16,)
     assert count.sum() == targets.numel()

@@ -30,7 +30,7 @@ def test_sharded_loaders_gather_back_to_the_dataset_order(size, world):
     per_rank = []
     for rank in range(world):
         shard = _shard(loader, rank, world)
-        values = torch.cat([b["images"].flatten(1)[:, 0] for b in shard])
+        values = torch.cat([b.images.flatten(1)[:, 0] for b in shard])
         per_rank.append(values)
     assert len({len(v) for v in per_rank}) == 1  # equal lengths: all_gather needs it
     gathered = torch.stack(per_rank)  # what all_gather returns

@@ -79,7 +79,7 @@ def test_bad_arguments(kwargs, match):
 def test_pooled_features_of_the_last_blocks():
     from ijepa.nn import VisionTransformer
 
-    encoder = VisionTransformer(32, 8, embed_dim=32, depth=3, num_heads=2, pos_embed="rope_mixed").eval()
+    encoder = VisionTransformer.for_images(32, 8, embed_dim=32, depth=3, num_heads=2, pos_embed="rope_mixed").eval()
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         last = encoder.pooled_features(images)

@@ -1,5 +1,6 @@
 """ThroughputLogger: images/s, tokens/s, FLOPs per step, MFU and data-wait share during ``fit``."""
 
+import copy
 from types import SimpleNamespace
 from unittest import mock
 
@@ -17,7 +18,9 @@ import ijepa.benchmark
 from ijepa.callbacks import EMATargetUpdate, ThroughputLogger, throughput
 from ijepa.callbacks.throughput import images_and_tokens, peak_flops
 from ijepa.cli import build_cli, main
+from ijepa.data.batch import ClipBatch, GridBatch, PackedBatch
 from ijepa.module import IJEPA
+from ijepa.nn.packing import Packed
 
 WAIT, STEP = 0.0625, 0.25  # exact in binary: sums and differences of the stubbed clock are exact
 
@@ -36,7 +39,7 @@ def stubbed_clock():
 class FirstBatch(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == 0:
-            self.batch = {k: v.clone() for k, v in batch.items()}
+            self.batch = copy.deepcopy(batch)
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
@@ -107,7 +110,7 @@ def drive(callback, clock_steps, world_size=1):
         strategy=SimpleNamespace(root_device=cpu),
     )
     module = SimpleNamespace(device=cpu, hparams=SimpleNamespace(patch_size=8, tubelet_size=2))
-    batch = {"images": torch.zeros(4, 3, 32, 32)}
+    batch = grid_batch(torch.zeros(4, 3, 32, 32))
     callback.setup(trainer, module, "fit")
     callback.on_train_start(trainer, module)
     with mock.patch.object(throughput, "perf_counter", lambda: next(clock)):
@@ -187,9 +190,19 @@ def test_the_peak_comes_from_the_table_then_from_lightning(monkeypatch):
     assert peak_flops(torch.device("cpu"), "32-true") is None
 
 
+def grid_batch(images: torch.Tensor, patch_size: int | None = None) -> GridBatch:
+    """A batch of ``images`` with one context and one target patch each (the counts ignore masks)."""
+    rows = images.size(0)
+    indices = torch.zeros(rows, 1, dtype=torch.long)
+    kind = ClipBatch if images.dim() == 5 else GridBatch
+    return kind(images, indices, indices[:, None], patch_size=patch_size)
+
+
 def test_tokens_are_every_patch_of_every_image_clip_and_packed_batch():
-    assert images_and_tokens({"images": torch.zeros(2, 3, 32, 32)}, 8, 2) == (2, 32)
-    assert images_and_tokens({"images": torch.zeros(2, 3, 32, 32), "patch_size": torch.tensor(16)}, 8, 2) == (2, 8)
-    assert images_and_tokens({"images": torch.zeros(2, 3, 4, 16, 16)}, 8, 2) == (2, 16)  # 2 tubelets x 2 x 2
-    packed = {"full_ids": torch.tensor([[0, 0, 1, -1], [2, 2, 2, -1]]), "labels": torch.zeros(3)}
+    assert images_and_tokens(grid_batch(torch.zeros(2, 3, 32, 32)), 8, 2) == (2, 32)
+    assert images_and_tokens(grid_batch(torch.zeros(2, 3, 32, 32), patch_size=16), 8, 2) == (2, 8)
+    assert images_and_tokens(grid_batch(torch.zeros(2, 3, 4, 16, 16)), 8, 2) == (2, 16)  # 2 tubelets x 2 x 2
+    ids = torch.tensor([[0, 0, 1, -1], [2, 2, 2, -1]])
+    layout = Packed(None, ids.clamp_min(0), ids)
+    packed = PackedBatch(torch.zeros(3), layout, layout, layout, ids, ids)
     assert images_and_tokens(packed, 8, 2) == (3, 6)

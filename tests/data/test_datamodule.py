@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Subset
 
+from ijepa.data.batch import GridBatch, LabeledBatch
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.sources import (
     ImageFolderSource,
@@ -31,7 +32,6 @@ STL_CLASSES = ("airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey
 TRAIN_IDS = list(range(0, 20))
 UNLABELED_IDS = list(range(100, 130))
 TEST_IDS = list(range(200, 210))
-MASK_KEYS = {"images", "labels", "context_indices", "target_indices"}
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -80,10 +80,11 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     return restored.round().clamp(0, 255).to(torch.uint8)
 
 
-def check_masked_batch(batch: dict, batch_size: int, image_size: int, num_patches: int) -> None:
-    assert set(batch) == MASK_KEYS
-    images, labels = batch["images"], batch["labels"]
-    context, targets = batch["context_indices"], batch["target_indices"]
+def check_masked_batch(batch: GridBatch, batch_size: int, image_size: int, num_patches: int) -> None:
+    assert type(batch) is GridBatch and batch.context_mask is None and batch.target_mask is None
+    assert batch.patch_size is None
+    images, labels = batch.images, batch.labels
+    context, targets = batch.context_indices, batch.target_indices
     assert images.shape == (batch_size, 3, image_size, image_size)
     assert images.dtype == torch.float32
     assert labels.shape == (batch_size,)
@@ -153,8 +154,8 @@ def test_stl10_train_loader_end_to_end(stl_root):
     assert len(batches) == 50 // 8  # drop_last keeps mask shapes uniform per batch
     for batch in batches:
         check_masked_batch(batch, 8, STL_SIZE, STL_GRID**2)
-        images = to_uint8(batch["images"])
-        for image, label in zip(images, batch["labels"].tolist()):
+        images = to_uint8(batch.images)
+        for image, label in zip(images, batch.labels.tolist()):
             image_id = int(image[0, 0, 0])
             assert image_id in TRAIN_IDS or image_id in UNLABELED_IDS
             np.testing.assert_array_equal(image.numpy(), stl_pattern(image_id))
@@ -170,16 +171,16 @@ def test_stl10_knn_loaders_are_labelled_only(stl_root):
     for loader, ids in ((dm.knn_train_dataloader(), TRAIN_IDS), (dm.knn_test_dataloader(), TEST_IDS)):
         seen, labels = [], []
         for batch in loader:
-            assert set(batch) == {"images", "labels"}
-            assert batch["images"].shape[1:] == (3, STL_SIZE, STL_SIZE)
-            seen += [int(i) for i in to_uint8(batch["images"])[:, 0, 0, 0]]
-            labels += batch["labels"].tolist()
+            assert type(batch) is LabeledBatch
+            assert batch.images.shape[1:] == (3, STL_SIZE, STL_SIZE)
+            seen += [int(i) for i in to_uint8(batch.images)[:, 0, 0, 0]]
+            labels += batch.labels.tolist()
         assert seen == ids  # in file order, no unlabeled image, none missing
         assert labels == [stl_label(i) for i in ids]
         assert min(labels) >= 0 and max(labels) <= 9
     assert set(stl_label(i) for i in TRAIN_IDS) == set(range(10))
     # predict uses the k-NN queries
-    predict_ids = [int(i) for b in dm.predict_dataloader() for i in to_uint8(b["images"])[:, 0, 0, 0]]
+    predict_ids = [int(i) for b in dm.predict_dataloader() for i in to_uint8(b.images)[:, 0, 0, 0]]
     assert predict_ids == TEST_IDS
 
 
@@ -187,13 +188,13 @@ def test_stl10_val_loader_is_masked_test_split(stl_root):
     dm = stl_module(stl_root)
     dm.setup("validate")
     batches = list(dm.val_dataloader())
-    assert [b["images"].size(0) for b in batches] == [8, 2]  # no drop_last on evaluation
+    assert [b.images.size(0) for b in batches] == [8, 2]  # no drop_last on evaluation
     ids = []
     for batch in batches:
-        check_masked_batch(batch, batch["images"].size(0), STL_SIZE, STL_GRID**2)
-        ids += [int(i) for i in to_uint8(batch["images"])[:, 0, 0, 0]]
+        check_masked_batch(batch, batch.images.size(0), STL_SIZE, STL_GRID**2)
+        ids += [int(i) for i in to_uint8(batch.images)[:, 0, 0, 0]]
     assert ids == TEST_IDS
-    assert sum(b["images"].size(0) for b in dm.test_dataloader()) == 10
+    assert sum(b.images.size(0) for b in dm.test_dataloader()) == 10
 
 
 def test_stl10_random_crop_keeps_shapes(stl_root):
@@ -201,7 +202,7 @@ def test_stl10_random_crop_keeps_shapes(stl_root):
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     check_masked_batch(batch, 8, STL_SIZE, STL_GRID**2)
-    assert torch.isfinite(batch["images"]).all()
+    assert torch.isfinite(batch.images).all()
 
 
 def test_stl10_jepa_loss_finite(stl_root):
@@ -315,12 +316,12 @@ def test_imagefolder_flat_holdout_is_disjoint_balanced_and_deterministic(tmp_pat
     pretrain_files = {files[i][0] for i in pretrain}
     test_files = {files[i][0] for i in test}
     assert not pretrain_files & test_files
-    labels = torch.cat([b["labels"] for b in dm.knn_test_dataloader()])
+    labels = torch.cat([b.labels for b in dm.knn_test_dataloader()])
     assert sorted(labels.tolist()) == [0, 0, 1, 1, 2, 2]
     total = 0
     for batch in dm.train_dataloader():
         check_masked_batch(batch, 4, 32, 64)
-        total += batch["images"].size(0)
+        total += batch.images.size(0)
     assert total == 24 // 4 * 4
 
 
@@ -329,11 +330,11 @@ def test_imagefolder_images_match_their_labels(tmp_path):
     dm = folder_module(tmp_path)
     dm.setup("fit")
     for batch in dm.knn_train_dataloader():
-        assert set(batch) == {"images", "labels"}
-        pixels = to_uint8(batch["images"]).int()
-        assert batch["images"].shape[1:] == (3, 32, 32)
+        assert type(batch) is LabeledBatch
+        pixels = to_uint8(batch.images).int()
+        assert batch.images.shape[1:] == (3, 32, 32)
         # green channel encodes the class folder; uniform images stay uniform after resizing
-        assert ((pixels[:, 1, 0, 0] - 60 * batch["labels"]).abs() <= 1).all()
+        assert ((pixels[:, 1, 0, 0] - 60 * batch.labels).abs() <= 1).all()
 
 
 @pytest.mark.parametrize("held_out", ["val", "test"])
@@ -348,13 +349,13 @@ def test_imagefolder_train_val_layout_uses_the_folders(tmp_path, held_out):
     assert list(dm.split("knn_train").classes) == list(FOLDER_CLASSES)
 
     def markers(loader) -> set[int]:
-        return {int(m) for b in loader for m in to_uint8(b["images"])[:, 0, 0, 0]}
+        return {int(m) for b in loader for m in to_uint8(b.images)[:, 0, 0, 0]}
 
     assert markers(dm.train_dataloader()) == {10}
     assert markers(dm.knn_train_dataloader()) == {10}
     assert markers(dm.knn_test_dataloader()) == {200}
     assert markers(dm.val_dataloader()) == {200}
-    labels = sorted(int(label) for b in dm.knn_test_dataloader() for label in b["labels"])
+    labels = sorted(int(label) for b in dm.knn_test_dataloader() for label in b.labels)
     assert labels == [0, 0, 1, 1, 2, 2]
 
 
@@ -404,30 +405,30 @@ def test_shapes_loaders():
     assert len(train) == 5
     for batch in train:
         check_masked_batch(batch, 4, 32, 64)
-        assert batch["labels"].min() >= 0 and batch["labels"].max() < dm.num_classes
+        assert batch.labels.min() >= 0 and batch.labels.max() < dm.num_classes
 
     val = list(dm.val_dataloader())
-    assert sum(b["images"].size(0) for b in val) == 10
+    assert sum(b.images.size(0) for b in val) == 10
     for batch in val:
-        check_masked_batch(batch, batch["images"].size(0), 32, 64)
+        check_masked_batch(batch, batch.images.size(0), 32, 64)
 
     knn = list(dm.knn_train_dataloader())
-    assert sum(b["images"].size(0) for b in knn) == 20
+    assert sum(b.images.size(0) for b in knn) == 20
     for batch in knn:
-        assert set(batch) == {"images", "labels"}
-        assert batch["images"].dtype == torch.float32 and batch["images"].shape[1:] == (3, 32, 32)
-    labels = torch.cat([b["labels"] for b in knn])
+        assert type(batch) is LabeledBatch
+        assert batch.images.dtype == torch.float32 and batch.images.shape[1:] == (3, 32, 32)
+    labels = torch.cat([b.labels for b in knn])
     assert labels.tolist() == dm.split("knn_train").targets  # unshuffled, in order
     knn_test = list(dm.knn_test_dataloader())
-    assert all(set(b) == {"images", "labels"} for b in knn_test)
-    assert sum(b["images"].size(0) for b in knn_test) == 10
+    assert all(type(b) is LabeledBatch for b in knn_test)
+    assert sum(b.images.size(0) for b in knn_test) == 10
 
 
 def test_shapes_eval_loaders_are_deterministic():
     dm = shapes_module()
     dm.setup("fit")
-    first = torch.cat([b["images"] for b in dm.knn_test_dataloader()])
-    second = torch.cat([b["images"] for b in dm.knn_test_dataloader()])
+    first = torch.cat([b.images for b in dm.knn_test_dataloader()])
+    second = torch.cat([b.images for b in dm.knn_test_dataloader()])
     torch.testing.assert_close(first, second, rtol=0, atol=0)
 
 
@@ -541,9 +542,9 @@ def test_unreadable_images_are_skipped_and_counted_with_a_warning(tmp_path, num_
     dm.setup("fit")
     with pytest.warns(UserWarning, match="skipping unreadable image") if num_workers == 0 else contextlib.nullcontext():
         train_batches, knn_batches = list(dm.train_dataloader()), list(dm.knn_train_dataloader())
-    assert all(torch.isfinite(b["images"]).all() for b in train_batches + knn_batches)
+    assert all(torch.isfinite(b.images).all() for b in train_batches + knn_batches)
     # a skipped file is replaced by the next readable one: no short batches, no lost positions
-    assert sum(b["images"].size(0) for b in knn_batches) == len(dm.split("knn_train"))
+    assert sum(b.images.size(0) for b in knn_batches) == len(dm.split("knn_train"))
     if num_workers == 0:
         base = dm.split("knn_train").dataset
         assert len(base.skipped) == 2

@@ -312,7 +312,7 @@ def test_unlabelled_val_reuses_a_spread_share_of_the_training_images(tmp_path):
     assert len(pretrain) == 20 and pretrain.targets == [-1] * 20
     assert list(val.indices) == [4, 9, 14, 19]
     assert {val.dataset.samples[i][0] for i in val.indices} <= {path for path, _ in pretrain.samples}
-    assert sum(batch["images"].size(0) for batch in data.train_dataloader()) == 20
+    assert sum(batch.images.size(0) for batch in data.train_dataloader()) == 20
 
 
 def test_probe_source_gives_the_probes_a_labelled_folder(tmp_path):
@@ -544,7 +544,7 @@ def read_everything(data: IJEPADataModule) -> dict[str, int]:
     """The images each loader of a fit gives, by split: every image is read by one of them."""
     loaders = {"pretrain": data.train_dataloader, "knn_train": data.knn_train_dataloader}
     loaders["knn_test"] = data.knn_test_dataloader
-    return {name: sum(batch["images"].size(0) for batch in loader()) for name, loader in loaders.items()}
+    return {name: sum(batch.images.size(0) for batch in loader()) for name, loader in loaders.items()}
 
 
 @pytest.mark.parametrize("kind", ["header", "limit"])

@@ -1,5 +1,7 @@
 """Seeded, sharded, resumable sampling of the pretraining data."""
 
+from dataclasses import fields
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
@@ -43,7 +45,8 @@ def batches(num_workers, epoch=0, rank=0, world=1, resume=None):
 
 
 def same(a, b):
-    return all(torch.equal(x[k], y[k]) for x, y in zip(a, b) for k in x) and len(a) == len(b)
+    tensors = [f.name for f in fields(a[0]) if torch.is_tensor(getattr(a[0], f.name))]
+    return all(torch.equal(getattr(x, k), getattr(y, k)) for x, y in zip(a, b) for k in tensors) and len(a) == len(b)
 
 
 def test_mix_seed_is_stable_and_sensitive():
@@ -67,12 +70,10 @@ def test_images_augmentations_and_masks_do_not_depend_on_workers_or_global_rng()
 
 def test_epochs_reshuffle_reaugment_and_remask():
     first, second = batches(0, epoch=0), batches(0, epoch=1)
-    assert not torch.equal(first[0]["labels"], second[0]["labels"]) or not torch.equal(
-        first[0]["images"], second[0]["images"]
-    )
+    assert not torch.equal(first[0].labels, second[0].labels) or not torch.equal(first[0].images, second[0].images)
     # the same image gets a different crop in another epoch
-    assert not any(torch.equal(a["images"], b["images"]) for a in first for b in second)
-    assert not all(torch.equal(a["context_indices"], b["context_indices"]) for a, b in zip(first, second))
+    assert not any(torch.equal(a.images, b.images) for a in first for b in second)
+    assert not all(torch.equal(a.context_indices, b.context_indices) for a, b in zip(first, second))
 
 
 def test_ranks_get_disjoint_shares_and_different_masks():
@@ -81,7 +82,7 @@ def test_ranks_get_disjoint_shares_and_different_masks():
     indices = [{i for i, _ in share} for share in shares]
     assert not indices[0] & indices[1] and len(indices[0] | indices[1]) == len(dataset)
     rank0, rank1 = batches(0, rank=0, world=2), batches(0, rank=1, world=2)
-    assert not torch.equal(rank0[0]["target_indices"], rank1[0]["target_indices"])
+    assert not torch.equal(rank0[0].target_indices, rank1[0].target_indices)
 
 
 def test_resume_skips_exactly_the_trained_batches():

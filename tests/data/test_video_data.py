@@ -132,12 +132,12 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
     data.setup("fit")
     assert data.num_classes == 2
     batch = next(iter(data.train_dataloader()))
-    assert batch["images"].shape == (4, 3, 4, 16, 16) and batch["frame_times"].shape == (4, 4)
+    assert batch.images.shape == (4, 3, 4, 16, 16) and batch.frame_times.shape == (4, 4)
     # the shown frames' own times: 0.2 s apart at 5 fps from 10 and 20 fps sources, any start
-    torch.testing.assert_close(batch["frame_times"], torch.tensor([[0.0, 0.2, 0.4, 0.6]]).expand(4, -1))
-    assert batch["context_indices"].max() < 2 * 4 * 4
+    torch.testing.assert_close(batch.frame_times, torch.tensor([[0.0, 0.2, 0.4, 0.6]]).expand(4, -1))
+    assert batch.context_indices.max() < 2 * 4 * 4
     probe = next(iter(data.knn_test_dataloader()))
-    assert probe["images"].shape == (4, 3, 4, 16, 16) and probe["frame_times"].shape == (4, 4)
+    assert probe.images.shape == (4, 3, 4, 16, 16) and probe.frame_times.shape == (4, 4)
     # by stride, each video's own rate sets the times
     data = IJEPADataModule(
         source=VideoFolderSource(root=str(root), frame_stride=2),
@@ -148,7 +148,7 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
         num_workers=0,
     )
     data.setup("fit")
-    gaps = next(iter(data.knn_test_dataloader()))["frame_times"].diff(dim=1)
+    gaps = next(iter(data.knn_test_dataloader())).frame_times.diff(dim=1)
     assert sorted({round(g, 3) for g in gaps.flatten().tolist()}) == [0.1, 0.2]
     with pytest.raises(ValueError, match="fps must be > 0"):
         IJEPADataModule(source=VideoFolderSource(fps=-1.0), num_frames=4)
@@ -174,7 +174,7 @@ def test_moving_shapes_with_a_frame_rate_carry_frame_times():
     )
     data.setup("fit")
     for batch in (next(iter(data.train_dataloader())), next(iter(data.knn_train_dataloader()))):
-        torch.testing.assert_close(batch["frame_times"][0], torch.tensor([0.0, 0.08, 0.16, 0.24]))
+        torch.testing.assert_close(batch.frame_times[0], torch.tensor([0.0, 0.08, 0.16, 0.24]))
     plain = IJEPADataModule(
         source=MovingShapesSource(train_size=8, val_size=8),
         num_frames=4,
@@ -186,7 +186,7 @@ def test_moving_shapes_with_a_frame_rate_carry_frame_times():
         target_scale=(0.1, 0.15),
     )
     plain.setup("fit")
-    assert "frame_times" not in next(iter(plain.train_dataloader()))
+    assert next(iter(plain.train_dataloader())).frame_times is None
 
 
 @pytest.mark.slow

@@ -5,9 +5,11 @@ import pytest
 import torch
 from conftest import TINY_MODEL
 
+from ijepa.data.batch import GridBatch
 from ijepa.masks import MultiBlockMaskSampler, context_padding_mask
 from ijepa.module import IJEPA
 from ijepa.nn.position import position_names
+from ijepa.regularizers import ContextTokens, SIGReg, pooled_tokens, sample_tokens
 
 
 def padded_batch(batch_size=6, grid=4, seed=0):
@@ -50,10 +52,10 @@ def test_padding_changes_no_real_output(pos_embed, predictor_mode):
 
 def test_padded_loss_trains_and_sigreg_sees_only_real_tokens():
     torch.manual_seed(0)
-    model = IJEPA(**TINY_MODEL, sigreg_weight=0.1, sigreg_input="pooled")
+    model = IJEPA(**TINY_MODEL, regularizers=[SIGReg(weight=0.1, input="pooled")])
     context, targets, mask = padded_batch()
     images = torch.randn(context.size(0), 3, 32, 32)
-    batch = {"images": images, "context_indices": context, "target_indices": targets, "context_mask": mask}
+    batch = GridBatch(images, context, targets, context_mask=mask)
     optimizer = model.build_optimizer()
     losses = []
     for _ in range(5):
@@ -64,11 +66,9 @@ def test_padded_loss_trains_and_sigreg_sees_only_real_tokens():
         losses.append(loss.item())
     assert losses[-1] < losses[0]
     encoded = torch.randn(*context.shape, 32)
-    pooled = model.sigreg_inputs(encoded, mask)
+    pooled = pooled_tokens(ContextTokens(encoded, mask))
     for i in range(context.size(0)):
         assert torch.allclose(pooled[i], encoded[i][mask[i]].mean(0), atol=1e-6)
-    model.hparams.sigreg_input = "tokens"
-    model.hparams.sigreg_tokens = 10_000
-    tokens = model.sigreg_inputs(encoded, mask)
+    tokens = sample_tokens(ContextTokens(encoded, mask), count=10_000, step=0, rank=0)
     assert tokens.shape == (int(mask.sum()), 32)  # every real token, no padding
     assert torch.equal(tokens.sort(0).values, encoded[mask].sort(0).values)

@@ -39,7 +39,9 @@ def packed_images(budget: int = 40) -> tuple[Packed, list[torch.Tensor], list[to
 
 def encoder(pos_embed: str) -> VisionTransformer:
     torch.manual_seed(0)
-    model = VisionTransformer(image_size=48, patch_size=8, embed_dim=32, depth=2, num_heads=2, pos_embed=pos_embed)
+    model = VisionTransformer.for_images(
+        image_size=48, patch_size=8, embed_dim=32, depth=2, num_heads=2, pos_embed=pos_embed
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))

@@ -166,7 +166,7 @@ def test_positions_on_a_subset_equal_the_full_grid_restricted(name):
 @pytest.mark.parametrize("name", ALL)
 def test_every_type_in_encoder_is_permutation_equivariant_and_position_sensitive(name):
     torch.manual_seed(0)
-    encoder = VisionTransformer(32, 8, embed_dim=32, depth=2, num_heads=2, pos_embed=name).eval()
+    encoder = VisionTransformer.for_images(32, 8, embed_dim=32, depth=2, num_heads=2, pos_embed=name).eval()
     if name == "peg":
         torch.nn.init.normal_(encoder.position.conv.weight, std=0.5)
     images = torch.randn(1, 3, 32, 32)
@@ -184,7 +184,7 @@ def test_every_type_in_encoder_is_permutation_equivariant_and_position_sensitive
 
 @pytest.mark.parametrize("name", ALL)
 def test_every_type_in_predictor_runs_and_learns(name):
-    predictor = Predictor(grid_size=4, embed_dim=32, predictor_embed_dim=16, depth=1, num_heads=2, pos_embed=name)
+    predictor = Predictor(grid=4, embed_dim=32, predictor_embed_dim=16, depth=1, num_heads=2, pos_embed=name)
     context = torch.randn(2, 5, 32)
     ci = torch.tensor([[0, 1, 2, 3, 4], [11, 12, 13, 14, 15]])
     ti = torch.tensor([[[8, 9], [14, 15]], [[0, 1], [2, 3]]])
@@ -232,7 +232,7 @@ def test_cosine_similarity_grid_is_vit_figure_7():
 
 @pytest.mark.parametrize("name", ["sincos", "rope_axial", "rope_mixed"])
 def test_fixed_and_rotary_tables_stay_float32_under_bf16_autocast(name):
-    encoder = VisionTransformer(32, 8, embed_dim=32, depth=1, num_heads=2, pos_embed=name).eval()
+    encoder = VisionTransformer.for_images(32, 8, embed_dim=32, depth=1, num_heads=2, pos_embed=name).eval()
     idx = torch.tensor([[0, 5, 15]])
     with torch.autocast("cpu", dtype=torch.bfloat16):
         if hasattr(encoder.position, "angles"):

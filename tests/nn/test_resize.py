@@ -149,15 +149,15 @@ def test_pinv_resize_is_least_squares_when_the_patch_shrinks():
 
 # --- whole models and checkpoints ---------------------------------------------------------------
 def test_sincos_and_rope_are_rebuilt_for_the_new_grid():
-    small = VisionTransformer(32, 8, 3, 32, 1, 2, pos_embed="sincos")
-    large = VisionTransformer(48, 8, 3, 32, 1, 2, pos_embed="sincos")
+    small = VisionTransformer.for_images(32, 8, 3, 32, 1, 2, pos_embed="sincos")
+    large = VisionTransformer.for_images(48, 8, 3, 32, 1, 2, pos_embed="sincos")
     state = small.state_dict()
     changed = resize_state_dict(large, state, (4, 4), 8)
     assert changed == {}
     large.load_state_dict(state)
     torch.testing.assert_close(large.transformer.position.table(), sinusoidal_2d_grid(6, 6, 32), atol=0, rtol=0)
 
-    rope = VisionTransformer(48, 8, 3, 32, 1, 2, pos_embed="rope_axial").transformer.position
+    rope = VisionTransformer.for_images(48, 8, 3, 32, 1, 2, pos_embed="rope_axial").transformer.position
     angles = rope.angles(torch.arange(36)[None])  # the whole new grid is accepted
     quarter = angles.size(-1) // 2
     torch.testing.assert_close(angles[0, 0, -1, :quarter], 5 * rope.freqs)  # last row is 5

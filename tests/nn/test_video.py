@@ -6,10 +6,12 @@ import pytest
 import torch
 from conftest import ROOT
 
+from ijepa.data.batch import ClipBatch
 from ijepa.data.sources import MovingShapesSource
 from ijepa.nn.attention import apply_rotary
-from ijepa.nn.position import Learned3DPosition, MropePosition, Sincos3DPosition, mrope_sections
+from ijepa.nn.position import LearnedFlat3DPosition, MropePosition, Sincos3DPosition, mrope_sections
 from ijepa.nn.video import TubeletEmbed
+from ijepa.nn.vit import VisionTransformer
 
 
 def index(t, r, c, grid):
@@ -50,8 +52,8 @@ def test_sincos_3d_inner_products_depend_only_on_offsets():
     assert not torch.equal(table[index(2, 0, 0, grid), 32:], table[index(2, 4, 3, grid), 32:])
 
 
-def test_learned_3d_table_is_looked_up_at_the_indices():
-    position = Learned3DPosition((2, 3, 3), 16)
+def test_learned_flat_3d_table_is_looked_up_at_the_indices():
+    position = LearnedFlat3DPosition((2, 3, 3), 16)
     indices = torch.tensor([[0, 17, 9]])
     torch.testing.assert_close(position(indices)[0], position.table()[[0, 17, 9]])
     with pytest.raises(ValueError, match=r"valid patch indices are 0\.\.17"):
@@ -163,12 +165,10 @@ def test_spatio_temporal_masks_stay_in_the_grid_and_are_disjoint(temporal_scale)
         SpatioTemporalMaskSampler(2, 4, num_target_blocks=2, target_scale=(0.5, 0.5), min_keep=30)(4)
 
 
-@pytest.mark.parametrize("pos_embed", ["sincos_3d", "learned_3d", "mrope"])
+@pytest.mark.parametrize("pos_embed", ["sincos_3d", "learned_flat_3d", "mrope"])
 def test_video_encoder_on_gathered_tokens(pos_embed):
-    from ijepa.nn.video import VideoVisionTransformer
-
     torch.manual_seed(0)
-    encoder = VideoVisionTransformer(
+    encoder = VisionTransformer.for_clips(
         num_frames=4,
         image_size=16,
         tubelet_size=2,
@@ -196,12 +196,14 @@ def test_video_encoder_on_gathered_tokens(pos_embed):
     if pos_embed == "mrope":  # timestamps change the temporal rotation, hence the output
         times = torch.tensor([[0.0, 1.0], [0.0, 1.0]])
         with torch.no_grad():
-            assert not torch.allclose(encoder(clips, indices, times * 3), encoder(clips, indices, times), atol=1e-5)
+            assert not torch.allclose(
+                encoder(clips, indices, frame_times=times * 3), encoder(clips, indices, frame_times=times), atol=1e-5
+            )
     with pytest.raises(
         ValueError,
-        match=r"position encoding .sincos. works on image grids \(H, W\), not on the grid \(2, 2, 2\); members for this grid: learned_3d, sincos_3d, mrope",
+        match=r"position encoding .sincos. works on image grids \(H, W\), not on the grid \(2, 2, 2\); members for this grid: learned_flat_3d, sincos_3d, mrope",
     ):
-        VideoVisionTransformer(num_frames=4, image_size=16, pos_embed="sincos")
+        VisionTransformer.for_clips(num_frames=4, image_size=16, pos_embed="sincos")
 
 
 def _circular_centroids(clips: torch.Tensor) -> torch.Tensor:
@@ -326,7 +328,7 @@ def test_noisy_clips_are_the_plain_clips_with_fresh_noise_in_every_frame():
 
 
 @pytest.mark.parametrize(
-    "pos_embed, mode", [("sincos_3d", "per_block"), ("mrope", "one_pass"), ("learned_3d", "per_block")]
+    "pos_embed, mode", [("sincos_3d", "per_block"), ("mrope", "one_pass"), ("learned_flat_3d", "per_block")]
 )
 def test_a_video_jepa_step_composes_and_learns(pos_embed, mode):
     """Clip encoder + predictor on the 3D grid + spatio-temporal masks: the I-JEPA loss on one
@@ -338,12 +340,11 @@ def test_a_video_jepa_step_composes_and_learns(pos_embed, mode):
     from ijepa.data.moving_shapes import MovingShapesClips
     from ijepa.masks import SpatioTemporalMaskSampler
     from ijepa.nn import Predictor, gather_patches
-    from ijepa.nn.video import VideoVisionTransformer
 
     torch.manual_seed(0)
     data = MovingShapesClips(8, num_frames=4, image_size=16)
     clips = torch.stack([data[i][0] for i in range(8)]).float().div(255).permute(0, 2, 1, 3, 4)  # [B, C, T, H, W]
-    encoder = VideoVisionTransformer(
+    encoder = VisionTransformer.for_clips(
         num_frames=4,
         image_size=16,
         tubelet_size=2,
@@ -364,7 +365,7 @@ def test_a_video_jepa_step_composes_and_learns(pos_embed, mode):
         with torch.no_grad():
             features = target_encoder(clips, frame_times=frame_times)
             targets = gather_patches(F.layer_norm(features, (32,)), target_indices.flatten(1)).view(8, 2, -1, 32)
-        context = encoder(clips, context_indices, frame_times)
+        context = encoder(clips, context_indices, frame_times=frame_times)
         predictions = predictor(context, context_indices, target_indices, frame_times=frame_times)
         loss = F.smooth_l1_loss(predictions, targets)
         optimizer.zero_grad()
@@ -381,7 +382,6 @@ def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
     from ijepa.data.moving_shapes import MovingShapesClips
     from ijepa.masks import SpatioTemporalMaskSampler
     from ijepa.module import IJEPA
-    from ijepa.nn.video import VideoVisionTransformer
 
     torch.manual_seed(0)
     model = IJEPA(
@@ -399,12 +399,12 @@ def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
         tubelet_size=2,
         time_unit=0.2,
     )
-    assert isinstance(model.encoder, VideoVisionTransformer) and model.predictor.num_patches == 2 * 4 * 4
+    assert model.encoder.is_clip_encoder and model.predictor.num_patches == 2 * 4 * 4
     data = MovingShapesClips(8, num_frames=4, image_size=16)
     clips = torch.stack([data[i][0] for i in range(8)]).float().div(255).permute(0, 2, 1, 3, 4)
     context, targets = SpatioTemporalMaskSampler(2, 4, num_target_blocks=2, target_scale=(0.15, 0.2))(8)
     frame_times = torch.tensor([[0.0, 0.1, 0.2, 0.3]]).expand(8, -1)  # per frame, 10 fps
-    batch = {"images": clips, "context_indices": context, "target_indices": targets, "frame_times": frame_times}
+    batch = ClipBatch(clips, context, targets, frame_times=frame_times)
     optimizer = model.build_optimizer()
     losses = []
     for _ in range(10):
@@ -464,10 +464,10 @@ def test_datamodule_clip_mode_batches():
     )
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
-    assert batch["images"].shape == (8, 3, 4, 16, 16) and batch["images"].dtype == torch.float32
-    assert batch["context_indices"].max() < 2 * 4 * 4 and batch["target_indices"].max() < 2 * 4 * 4
+    assert batch.images.shape == (8, 3, 4, 16, 16) and batch.images.dtype == torch.float32
+    assert batch.context_indices.max() < 2 * 4 * 4 and batch.target_indices.max() < 2 * 4 * 4
     probe_batch = next(iter(data.knn_test_dataloader()))
-    assert probe_batch["images"].shape[1:] == (3, 4, 16, 16) and data.num_classes == 4
+    assert probe_batch.images.shape[1:] == (3, 4, 16, 16) and data.num_classes == 4
     with pytest.raises(ValueError, match="num_frames must be > 0 exactly for sources of clips"):
         IJEPADataModule(source=MovingShapesSource())
     with pytest.raises(ValueError, match="must be a positive multiple of tubelet_size=2"):
@@ -510,9 +510,9 @@ def test_video_configs_fit_through_the_cli(tmp_path, name, grid):
     assert cli.model.encoder.grid == grid and torch.isfinite(cli.trainer.callback_metrics["train/loss"])
 
 
-@pytest.mark.parametrize("pos_embed", ["learned_3d", "sincos_3d", "mrope"])
+@pytest.mark.parametrize("pos_embed", ["learned_flat_3d", "sincos_3d", "mrope"])
 def test_clip_checkpoints_load_at_another_size_and_frame_count(tmp_path, pos_embed):
-    """A clip model trained at 16 px x 4 frames loads at 24 px x 8 frames: ``learned_3d`` is
+    """A clip model trained at 16 px x 4 frames loads at 24 px x 8 frames: ``learned_flat_3d`` is
     resampled trilinearly over (t, r, c), ``sincos_3d`` and ``mrope`` are rebuilt; the tubelet
     itself cannot change."""
     import lightning as L
@@ -542,7 +542,7 @@ def test_clip_checkpoints_load_at_another_size_and_frame_count(tmp_path, pos_emb
     clips = torch.randn(2, 3, 8, 24, 24)
     assert large.features(clips).shape == (2, 32)
     torch.testing.assert_close(large.encoder.patch_embed.proj.weight, small.encoder.patch_embed.proj.weight)
-    if pos_embed == "learned_3d":
+    if pos_embed == "learned_flat_3d":
         old = small.encoder.position.table().detach()
         expected = interpolate_3d_table(old, (2, 4, 4), (4, 6, 6))
         torch.testing.assert_close(large.encoder.position.table().detach(), expected)

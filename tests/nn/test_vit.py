@@ -19,7 +19,7 @@ from ijepa.nn.predictor import block_attention_mask
 def make_encoder(**overrides):
     kwargs = dict(image_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
     kwargs.update(overrides)
-    return VisionTransformer(**kwargs)
+    return VisionTransformer.for_images(**kwargs)
 
 
 def test_encoder_shapes_on_indices_and_full_grid():
@@ -150,7 +150,7 @@ def test_block_is_pre_norm_residual():
 
 
 def test_predictor_shapes_and_block_independence():
-    predictor = Predictor(grid_size=4, embed_dim=32, predictor_embed_dim=16, depth=2, num_heads=2).eval()
+    predictor = Predictor(grid=4, embed_dim=32, predictor_embed_dim=16, depth=2, num_heads=2).eval()
     context = torch.randn(2, 6, 32)
     context_indices = torch.tensor([[0, 1, 2, 3, 4, 5], [10, 11, 12, 13, 14, 15]])
     targets = torch.tensor([[[8, 9], [14, 15]], [[0, 1], [2, 3]]])
@@ -167,7 +167,7 @@ def test_predictor_shapes_and_block_independence():
 
 
 def test_predictor_depends_on_target_positions_and_context():
-    predictor = Predictor(grid_size=4, embed_dim=32, predictor_embed_dim=16, depth=1, num_heads=2).eval()
+    predictor = Predictor(grid=4, embed_dim=32, predictor_embed_dim=16, depth=1, num_heads=2).eval()
     context = torch.randn(1, 3, 32)
     context_indices = torch.tensor([[0, 1, 2]])
     a = predictor(context, context_indices, torch.tensor([[5]]))
@@ -178,7 +178,7 @@ def test_predictor_depends_on_target_positions_and_context():
 
 
 def test_predictor_errors():
-    predictor = Predictor(grid_size=4, embed_dim=32, predictor_embed_dim=16, depth=1, num_heads=2)
+    predictor = Predictor(grid=4, embed_dim=32, predictor_embed_dim=16, depth=1, num_heads=2)
     context = torch.randn(2, 3, 32)
     ci = torch.tensor([[0, 1, 2], [0, 1, 2]])
     with pytest.raises(ValueError, match=r"target_indices out of range: valid patch indices are 0\.\.15"):

@@ -3,13 +3,15 @@ a new member is its own file plus one line here."""
 
 from __future__ import annotations
 
+import warnings
+
 from ijepa.nn.position.base import NonePosition, PositionEncoding
 from ijepa.nn.position.convolution import PegPosition
 from ijepa.nn.position.relative import RelativeBiasPosition
 from ijepa.nn.position.rotary import MropePosition, RopeAxialPosition, RopeMixedPosition
 from ijepa.nn.position.tables import (
     Learned2DPosition,
-    Learned3DPosition,
+    LearnedFlat3DPosition,
     LearnedPosition,
     Sincos3DPosition,
     SincosPosition,
@@ -27,11 +29,15 @@ POSITION_ENCODINGS: dict[str, type[PositionEncoding]] = {
         RopeMixedPosition,
         PegPosition,
         RelativeBiasPosition,
-        Learned3DPosition,
+        LearnedFlat3DPosition,
         Sincos3DPosition,
         MropePosition,
     )
 }
+
+# Former config names -> today's, so that configs and checkpoints' hyper_parameters written
+# before a rename build the same member (same state-dict keys, same weights).
+RENAMED_POSITIONS = {"learned_3d": "learned_flat_3d"}
 
 
 def position_names(dims: int | None = None) -> tuple[str, ...]:
@@ -50,7 +56,16 @@ def build_position_encoding(
 ) -> PositionEncoding:
     """The member called ``name`` over ``grid`` (``(H, W)`` or ``(T, H, W)``) for an attention
     of ``num_heads`` heads; ``options`` (``model.pos_options``) go to its constructor and are
-    checked against what it accepts."""
+    checked against what it accepts. A former name (:data:`RENAMED_POSITIONS`) builds today's
+    member with a FutureWarning."""
+    if name in RENAMED_POSITIONS:
+        warnings.warn(
+            f"position encoding {name!r} is now called {RENAMED_POSITIONS[name]!r} (the same module: state-dict "
+            "keys and weights unchanged); the old name will be removed.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        name = RENAMED_POSITIONS[name]
     if name not in POSITION_ENCODINGS:
         raise ValueError(f"unknown position encoding {name!r}; valid names: {', '.join(POSITION_ENCODINGS)}.")
     cls = POSITION_ENCODINGS[name]

@@ -185,10 +185,12 @@ class SincosPosition(AdditivePosition):
         return self.embedding
 
 
-class Learned3DPosition(AdditivePosition):
-    """A learned ``[T H W, D]`` table over clip tokens, trunc-normal(0.02) init."""
+class LearnedFlat3DPosition(AdditivePosition):
+    """A learned ``[T H W, D]`` table over clip tokens, one row per token (flat, as ``learned``;
+    not factorised per axis as ``learned_2d``), trunc-normal(0.02) init. Formerly ``learned_3d``,
+    a name that still builds it."""
 
-    name = "learned_3d"
+    name = "learned_flat_3d"
     dims = 3
 
     def __init__(self, grid: Grid, embed_dim: int, num_heads: int = 1):
@@ -204,7 +206,7 @@ class Learned3DPosition(AdditivePosition):
 
     def state_resizers(self, old_grid, mode="bicubic", antialias=False):
         if len(old_grid) != 3:
-            raise ValueError(f"learned_3d needs the checkpoint's (T', H', W') grid, got {old_grid}.")
+            raise ValueError(f"{self.name} needs the checkpoint's (T', H', W') grid, got {old_grid}.")
         return {"embedding.weight": lambda t: interpolate_3d_table(t, tuple(old_grid), self.grid, mode)}
 
 

@@ -5,10 +5,9 @@ import subprocess
 import sys
 import types
 
-import lightning as L
 import pytest
 import torch
-from conftest import ROOT, TINY_CONFIG, TINY_MODEL
+from conftest import ROOT, TINY_CONFIG, TINY_MODEL, save_tiny_checkpoint
 
 from ijepa.module import IJEPA
 from ijepa.nn.position import POSITION_ENCODINGS, AdditivePosition, position_names
@@ -31,11 +30,7 @@ def ui(value):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     model = IJEPA(**{**TINY_MODEL, "pos_embed": "learned"})
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, max_steps=0)
-    trainer.strategy.connect(model)
-    path = tmp_path_factory.mktemp("notebooks") / "tiny.ckpt"
-    trainer.save_checkpoint(path)
-    return str(path)
+    return str(save_tiny_checkpoint(model, tmp_path_factory.mktemp("notebooks") / "tiny.ckpt"))
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Two CPU processes (gloo) for tests/test_activation_checkpointing.py, launched once:
-``python tests/activation_checkpointing_run.py OUT``.
+"""Two CPU processes (gloo) for tests/end_to_end/test_activation_checkpointing.py, launched once:
+``python tests/end_to_end/activation_checkpointing_run.py OUT``.
 
 Four short trainings in the same two processes: ``trainer.strategy`` ddp, then fsdp2, each with
 ``model.activation_checkpointing`` 0 and 1 (model and data as ``ijepa fit --config tests/tiny.yaml``
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from conftest import TINY_CONFIG
+from conftest import TINY_CONFIG, tiny_trainer
 from fsdp_run import whole
 from torch.distributed.tensor import DTensor
 
@@ -60,18 +60,14 @@ class Record(L.Callback):
 def train(out: Path, strategy: str, setting: int) -> None:
     model, data = instantiate(TINY_CONFIG, [*OVERRIDES, f"--model.activation_checkpointing={setting}"])
     record = Record()
-    trainer = L.Trainer(
+    trainer = tiny_trainer(
+        out,
         accelerator="cpu",
         devices=2,
         strategy=strategy,  # the names ijepa fit takes for trainer.strategy
         max_steps=STEPS,
         limit_val_batches=0,
         callbacks=[EMATargetUpdate(), record],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=out,
     )
     L.seed_everything(0, verbose=False)
     trainer.fit(model, datamodule=data)

@@ -33,8 +33,7 @@ def ddp_run(tmp_path_factory):
         "--trainer.devices=2",
         "--trainer.max_steps=6",
         # SIGReg all-reduces its statistic inside the step (tests/test_regularizers.py proves the math)
-        "--model.sigreg_weight=0.05",
-        "--model.sigreg_tokens=64",
+        '--model.regularizers=[{"class_path": "ijepa.regularizers.SIGReg", "init_args": {"weight": 0.05, "tokens": 64}}]',
         f"--trainer.callbacks+={callback}",
     ]
     result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)

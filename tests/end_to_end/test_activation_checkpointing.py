@@ -1,5 +1,5 @@
 """``model.activation_checkpointing`` composes with the rest of a run: DDP and FSDP2 on two CPU
-processes (tests/activation_checkpointing_run.py, launched once), ``model.compile`` and
+processes (activation_checkpointing_run.py beside this file, launched once), ``model.compile`` and
 ``trainer.precision: bf16-mixed``. Each checkpointed run gives the losses and gradients of the
 same run without it; tests/test_module.py proves the same for the bare module."""
 
@@ -7,12 +7,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
 import torch._dynamo as dynamo
-from conftest import TESTS, TINY_CONFIG, TINY_MODEL
+from conftest import TESTS, TINY_CONFIG, TINY_MODEL, tiny_trainer
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -36,7 +37,7 @@ def assert_same(checkpointed: dict, plain: dict, tolerance: float = 1e-6) -> Non
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("checkpointing")
-    script = TESTS / "activation_checkpointing_run.py"
+    script = Path(__file__).resolve().parent / "activation_checkpointing_run.py"
     result = subprocess.run(
         [sys.executable, str(script), str(out)], cwd=out, env=ENV, capture_output=True, text=True, timeout=600
     )
@@ -151,17 +152,13 @@ def fit(precision: str, checkpointing: int, root) -> Record:
     overrides = ["--data.source.train_size=64", "--data.source.val_size=32", "--model.drop_path_rate=0.2"]
     model, data = instantiate(TINY_CONFIG, [*overrides, f"--model.activation_checkpointing={checkpointing}"])
     record = Record()
-    trainer = L.Trainer(
+    trainer = tiny_trainer(
+        root,
         accelerator="cpu",
         precision=precision,
         max_steps=2,
         limit_val_batches=0,
         callbacks=[EMATargetUpdate(), record],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=root,
     )
     L.seed_everything(0, verbose=False)
     trainer.fit(model, datamodule=data)

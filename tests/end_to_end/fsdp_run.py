@@ -1,4 +1,5 @@
-"""One run for the FSDP test (tests/test_fsdp.py): ``python tests/fsdp_run.py OUT MODE``.
+"""One run for the FSDP tests (tests/end_to_end/test_fsdp_runs.py):
+``python tests/end_to_end/fsdp_run.py OUT MODE``.
 
 MODE ``single``: one process trains the tiny model on fixed global batches of 32 masked images.
 MODE ``fsdp``: two CPU processes (gloo, ``FSDP2Strategy``) train the same model on the same
@@ -17,13 +18,13 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, tiny_datamodule, tiny_trainer
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader
 
 from ijepa.callbacks import EMATargetUpdate
 from ijepa.checkpoint import AtomicCheckpointIO
-from ijepa.data import IJEPADataModule
-from ijepa.data.sources import ShapesSource
+from ijepa.data.batch import GridBatch
 from ijepa.module import IJEPA
 from ijepa.nn.sharding import full_tensor, local_shards
 from ijepa.strategy import FSDP2Strategy
@@ -33,34 +34,22 @@ MODEL = dict(
     TINY_MODEL,
     warmup_steps=2,
     lr=2e-3,
-    sigreg_weight=0.05,
-    sigreg_tokens=1_000_000,  # every real token: the statistic does not depend on which rank drew which
+    # every real token: the statistic does not depend on which rank drew which
+    regularizers=[{"class_path": "ijepa.regularizers.SIGReg", "init_args": {"weight": 0.05, "tokens": 1_000_000}}],
 )
 
 
-def global_batches() -> list[dict]:
+def global_batches() -> list[GridBatch]:
     """The same masked batches in every process: the project's own data module, seeded."""
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=GLOBAL_BATCH * BATCHES, val_size=32),
-        image_size=32,
-        patch_size=8,
-        batch_size=GLOBAL_BATCH,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
+    data = tiny_datamodule(train_size=GLOBAL_BATCH * BATCHES, val_size=32, batch_size=GLOBAL_BATCH)
     data.setup("fit")
     loader = data.train_dataloader()
     return [batch for _, batch in zip(range(BATCHES), loader)]
 
 
-def rank_rows(batch: dict, rank: int, world: int) -> dict:
+def rank_rows(batch: GridBatch, rank: int, world: int) -> GridBatch:
     rows = GLOBAL_BATCH // world
-    return {
-        key: value[rank * rows : (rank + 1) * rows] if torch.is_tensor(value) and value.dim() > 0 else value
-        for key, value in batch.items()
-    }
+    return apply_to_collection(batch, torch.Tensor, lambda value: value[rank * rows : (rank + 1) * rows])
 
 
 def whole(network: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -96,7 +85,8 @@ def main(out: Path, mode: str) -> None:
     callbacks = [ema, record]
     if mode == "fsdp":
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=out / "checkpoints", save_top_k=-1))
-    trainer = L.Trainer(
+    trainer = tiny_trainer(
+        out,
         accelerator="cpu",
         devices=world,
         strategy=FSDP2Strategy() if world > 1 else "auto",
@@ -105,11 +95,7 @@ def main(out: Path, mode: str) -> None:
         limit_val_batches=0,
         use_distributed_sampler=False,
         callbacks=callbacks,
-        logger=False,
         enable_checkpointing=mode == "fsdp",
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=out,
     )
     rank = trainer.global_rank
     batches = [rank_rows(batch, rank, world) for batch in global_batches()]
