@@ -144,7 +144,7 @@ class IJEPACLI(LightningCLI):
         # values win (learning rate, schedules, losses: anything that may change between runs),
         # and an explicit architecture value that disagrees with the checkpoint is an error.
         # The resolution (image and patch size) is always the run's: the model adapts the
-        # checkpoint to it on load (IJEPA.on_load_checkpoint).
+        # checkpoint to it on load (ijepa.checkpoint.adapt_checkpoint, from IJEPA.on_load_checkpoint).
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry"):  # Lightning resolves these itself

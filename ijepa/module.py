@@ -11,7 +11,6 @@ import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ijepa.checkpoint import (
@@ -47,6 +46,7 @@ from ijepa.regularizers import (
     migrate_legacy_hparams,
     regularizer_from_config,
 )
+from ijepa.strategy import refuse_fsdp1
 
 LOSSES = ("smooth_l1", "mse")
 TARGET_NORMS = ("layer", "instance")
@@ -345,12 +345,8 @@ class IJEPA(L.LightningModule):
         # quickstart step the gain was within noise (docs/benchmarks.md); it guards long runs
         # whose moments decay.
         torch.set_flush_denormal(True)
-        if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
-            raise ValueError(
-                "trainer.strategy: fsdp (Lightning's FSDPStrategy, FSDP1) flattens the online and target encoders "
-                "into shards that do not line up, so the EMA update cannot pair them; use trainer.strategy: fsdp2 "
-                "(ijepa.strategy.FSDP2Strategy: FSDP2, each encoder sharded alike). See README, Several GPUs."
-            )
+        if self._trainer is not None:
+            refuse_fsdp1(self.trainer.strategy)
 
     def configure_model(self) -> None:
         mesh = self.device_mesh  # set by Lightning's ModelParallelStrategy (ijepa.strategy.FSDP2Strategy)

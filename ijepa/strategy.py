@@ -14,7 +14,17 @@ from __future__ import annotations
 from datetime import timedelta
 
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
+
+
+def refuse_fsdp1(strategy: Strategy) -> None:
+    """Lightning's FSDP1 cannot pair the online and target encoders' shards: refuse it by name."""
+    if isinstance(strategy, FSDPStrategy):
+        raise ValueError(
+            "trainer.strategy: fsdp (Lightning's FSDPStrategy, FSDP1) flattens the online and target encoders "
+            "into shards that do not line up, so the EMA update cannot pair them; use trainer.strategy: fsdp2 "
+            "(ijepa.strategy.FSDP2Strategy: FSDP2, each encoder sharded alike). See README, 'STL-10 and several GPUs'."
+        )
 
 
 class FSDP2Strategy(ModelParallelStrategy):

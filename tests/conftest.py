@@ -1,10 +1,13 @@
-"""Shared by every test: the seed and thread count, the tiny model and config, the ``slow`` marker.
+"""Shared by every test: the seed and thread count, the tiny model, config, data module and Trainer.
 
 Tests are laid out like the package (``tests/nn`` for ``ijepa/nn``, ``tests/data`` for
-``ijepa/data``, ``tests/callbacks`` for ``ijepa/callbacks``); the rest of ``ijepa/`` is tested at
-the top level, and ``tests/end_to_end`` holds the tests that run whole ``ijepa fit`` runs, DDP and
-FSDP processes and the notebooks. ``pytest -m "not slow"`` skips the slow end-to-end runs for a
-quick loop; CI runs everything.
+``ijepa/data``, ``tests/callbacks`` for ``ijepa/callbacks``, ``tests/evaluation``); the rest of
+``ijepa/`` is tested at the top level. ``tests/end_to_end`` holds the slow tests and only them:
+whole ``ijepa fit`` runs, learning checks, two-process launches and the notebooks as scripts, one
+file per area, each module marked ``pytestmark = pytest.mark.slow``, so ``pytest -m "not slow"`` is
+the suite without that folder (a quick loop; CI runs everything). ``tests/test_layout.py`` checks
+both directions, that basenames are unique, and that no test module imports another: helpers that
+several modules use are in ``tests/helpers.py``, fixtures here.
 
 A test that needs the tiny data module or Trainer asks for ``make_datamodule`` / ``make_trainer``
 (or imports ``tiny_datamodule`` / ``tiny_trainer``) and passes only what differs from the defaults.

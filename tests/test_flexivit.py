@@ -1,14 +1,11 @@
 """FlexiViT training: a patch size per batch, the kernel and position encoding resized on the fly
 by the same functions a checkpoint load applies."""
 
-from unittest import mock
-
 import pytest
 import torch
-from conftest import TINY_CONFIG, TINY_MODEL
+from conftest import TINY_MODEL
 
 from ijepa.checkpoint import resize_state_dict
-from ijepa.cli import IJEPACLI
 from ijepa.data import IJEPADataModule, ShapesSource
 from ijepa.data.collate import MaskCollator
 from ijepa.masks import MultiBlockMaskSampler
@@ -153,13 +150,3 @@ def test_the_loss_of_a_batch_cut_at_another_patch_size_reaches_every_parameter_i
         IJEPA(
             **{**TINY_MODEL, "num_frames": 4, "pos_embed": "sincos_3d", "predictor_pos_embed": "sincos_3d"}
         ).step_patch_size(4)
-
-
-@pytest.mark.slow
-def test_ijepa_fit_trains_across_patch_sizes(tmp_path):
-    args = ["fit", "--config", str(TINY_CONFIG), "--data.source.train_size=96", "--data.source.val_size=40"]
-    args += ["--data.train_patch_sizes=[4, 8]", "--trainer.max_steps=6", f"--trainer.default_root_dir={tmp_path}"]
-    with mock.patch("sys.argv", ["ijepa"]):
-        cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
-    assert cli.trainer.global_step == 6
-    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])

@@ -1,14 +1,12 @@
 """Guards that keep a run honest: non-finite loss stops it, collapse is flagged."""
 
-import lightning as L
 import pytest
 import torch
-from conftest import TINY_CONFIG, TINY_MODEL
+from conftest import TINY_CONFIG, TINY_MODEL, tiny_trainer
+from helpers import random_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_module import random_loader
 
 from ijepa.callbacks import CollapseMonitor, EMATargetUpdate, feature_std, rankme
-from ijepa.data.sources import ShapesSource
 from ijepa.module import IJEPA
 
 
@@ -27,14 +25,7 @@ def test_rankme_and_std_on_known_spectra():
 
 
 def _validate(model, tmp_path, monitor):
-    trainer = L.Trainer(
-        callbacks=[monitor],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = tiny_trainer(tmp_path, callbacks=[monitor])
     trainer.validate(model, dataloaders=random_loader(num_images=48, batch_size=16), verbose=False)
     return trainer.callback_metrics
 
@@ -52,7 +43,7 @@ def test_collapse_monitor_flags_a_collapsed_encoder(tmp_path):
     assert metrics["val/target_std"] == 0 and metrics["val/rankme"] < 1.5
 
 
-def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(tmp_path):
+def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(tmp_path, make_trainer):
     class BlowsUp(IJEPA):
         def jepa_loss(self, batch):
             loss = super().jepa_loss(batch)
@@ -60,14 +51,7 @@ def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(tmp_
 
     model = BlowsUp(**TINY_MODEL, warmup_steps=1)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_last=True)
-    trainer = L.Trainer(
-        max_steps=6,
-        callbacks=[EMATargetUpdate(), checkpoint],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = make_trainer(max_steps=6, callbacks=[EMATargetUpdate(), checkpoint], enable_checkpointing=True)
     with pytest.raises(
         FloatingPointError,
         match=r"non-finite train/loss \(nan\) at step 3 .*The only checkpoint left, .*/last\.ckpt \(step 2\)",
@@ -168,31 +152,12 @@ def test_collapse_monitor_warns_on_dimensional_collapse_relative_to_the_width(tm
         CollapseMonitor(rankme_fraction=1.5)
 
 
-def test_collapse_monitor_logs_the_random_init_reference_at_step_0(tmp_path):
+def test_collapse_monitor_logs_the_random_init_reference_at_step_0(tmp_path, make_datamodule, make_trainer):
     from lightning.pytorch.loggers import CSVLogger
 
-    from ijepa.data import IJEPADataModule
-
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=32, val_size=32),
-        image_size=32,
-        patch_size=8,
-        batch_size=16,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
+    data = make_datamodule(train_size=32, val_size=32, batch_size=16)
     logger = CSVLogger(tmp_path)
-    trainer = L.Trainer(
-        callbacks=[CollapseMonitor()],
-        logger=logger,
-        max_steps=1,
-        limit_val_batches=0,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = make_trainer(callbacks=[CollapseMonitor()], logger=logger, max_steps=1, limit_val_batches=0)
     model = IJEPA(**TINY_MODEL)
     trainer.fit(model, datamodule=data)
     import csv

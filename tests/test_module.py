@@ -4,21 +4,14 @@ from dataclasses import replace
 import lightning as L
 import pytest
 import torch
-from conftest import TINY_MODEL
-from torch.utils.data import DataLoader
+from conftest import TINY_MODEL, tiny_trainer
+from helpers import random_loader
 
 from ijepa.callbacks import EMATargetUpdate, ema_update_
 from ijepa.data.collate import MaskCollator
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA, normalize_targets
 from ijepa.nn.position import position_names
-
-
-def random_loader(num_images=32, batch_size=4, image_size=32, patch_size=8):
-    images = torch.randn(num_images, 3, image_size, image_size)
-    samples = [(images[i], i % 3) for i in range(num_images)]
-    sampler = MultiBlockMaskSampler(image_size // patch_size, target_scale=(0.1, 0.15), min_keep=2)
-    return DataLoader(samples, batch_size=batch_size, collate_fn=MaskCollator(sampler))
 
 
 def test_ema_update_arithmetic():
@@ -114,15 +107,11 @@ def test_target_moves_only_by_ema_once_per_optimizer_step(tmp_path):
     initial_target = [p.detach().clone() for p in model.target_encoder.parameters()]
     records = []
     ema = EMATargetUpdate(momentum=0.9, final_momentum=0.98)
-    trainer = L.Trainer(
+    trainer = tiny_trainer(
+        tmp_path,
         max_steps=3,
         accumulate_grad_batches=2,
         callbacks=[_Snapshot(records, "before"), ema, _Snapshot(records, "after")],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
     )
     trainer.fit(model, train_dataloaders=random_loader(num_images=24))
     assert trainer.global_step == 3
@@ -155,15 +144,7 @@ def test_optimizer_groups_and_schedules_follow_global_step(tmp_path):
             groups = optimizer.param_groups
             seen.append((trainer.global_step, groups[0]["lr"], groups[0]["weight_decay"], groups[1]["weight_decay"]))
 
-    trainer = L.Trainer(
-        max_steps=4,
-        callbacks=[Recorder()],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = tiny_trainer(tmp_path, max_steps=4, callbacks=[Recorder()])
     trainer.fit(model, train_dataloaders=random_loader(num_images=16))
     steps = [s for s, *_ in seen]
     assert steps == [0, 1, 2, 3]
@@ -283,15 +264,7 @@ def test_several_mask_sets_per_image_average_their_losses_over_one_target_pass()
 
 @pytest.mark.parametrize("with_ema", [False, True])
 def test_fit_warns_when_no_callback_moves_the_target_encoder(tmp_path, with_ema):
-    trainer = L.Trainer(
-        max_steps=1,
-        callbacks=[EMATargetUpdate()] if with_ema else [],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[EMATargetUpdate()] if with_ema else [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(IJEPA(**TINY_MODEL), train_dataloaders=random_loader(num_images=8))

@@ -1,14 +1,10 @@
 """Native-resolution (NaViT) pretraining: images of mixed sizes and aspect ratios, masks per
 image on its own grid, tokens packed into sequences, the JEPA loss unchanged per image."""
 
-from unittest import mock
-
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, TINY_CONFIG
 
-from ijepa.cli import IJEPACLI
 from ijepa.data import IJEPADataModule, ShapesSource
 from ijepa.data.native import NativeSizeCrop, PackedMaskCollator
 from ijepa.data.sampling import mix_seed
@@ -110,37 +106,6 @@ def test_a_position_type_that_needs_a_whole_grid_is_refused_at_the_first_packed_
     model = IJEPA(**MODEL, pos_embed="peg", predictor_pos_embed="sincos")
     with pytest.raises(ValueError, match="pos_embed 'peg' cannot act per image inside packed sequences"):
         model.jepa_step(native_batch()[1])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("overlay", ["native_resolution.yaml", "flexivit.yaml"])
-def test_the_resolution_flexible_configs_train(tmp_path, overlay):
-    args = [
-        "fit",
-        "--config",
-        str(ROOT / "configs" / "quickstart.yaml"),
-        "--config",
-        str(ROOT / "configs" / "resolution" / overlay),
-    ]
-    args += ["--data.source.train_size=256", "--data.source.val_size=64", "--data.batch_size=32"]
-    args += ["--trainer.max_steps=8", "--trainer.check_val_every_n_epoch=1", f"--trainer.default_root_dir={tmp_path}"]
-    with mock.patch("sys.argv", ["ijepa"]):
-        cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
-    assert cli.trainer.global_step == 8
-    metrics = cli.trainer.callback_metrics
-    assert torch.isfinite(metrics["train/loss"]) and torch.isfinite(metrics["val/loss"])
-    assert "val/rankme" in metrics  # the collapse monitor reads the packed validation batches
-
-
-@pytest.mark.slow
-def test_ijepa_fit_trains_on_packed_native_resolution_batches(tmp_path):
-    args = ["fit", "--config", str(TINY_CONFIG), "--data.source.train_size=96", "--data.source.val_size=40"]
-    args += ["--data.native_sides=[3, 4]", "--data.token_drop=0.2", "--model.pos_embed=rope_axial"]
-    args += ["--trainer.max_steps=4", f"--trainer.default_root_dir={tmp_path}"]
-    with mock.patch("sys.argv", ["ijepa"]):
-        cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
-    assert cli.trainer.global_step == 4
-    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
 
 
 def test_native_features_pool_each_image_at_its_own_size():

@@ -273,3 +273,13 @@ def test_nan_is_refused_by_every_float_option(cls, option, value):
     # a check written `value < 0` is False for NaN, so NaN went through to the first step
     with pytest.raises(ValueError, match=option):
         build(cls, option, value)
+
+
+@pytest.mark.parametrize("refused", [["--optimizer=Adam"], ["--lr_scheduler.class_path=StepLR"], "config"])
+def test_optimizer_and_scheduler_options_are_refused_naming_what_to_set(tmp_path, refused):
+    if refused == "config":
+        config = tmp_path / "optimizer.yaml"
+        config.write_text("optimizer:\n  class_path: torch.optim.SGD\n")
+        refused = ["--config", str(config)]
+    with pytest.raises(ValueError, match=r"(optimizer|lr_scheduler) cannot be set.*model\.lr"):
+        build_cli(["fit", "--config", str(CONFIG), *refused], run=False)

@@ -5,46 +5,14 @@ import json
 import os
 import pickle
 import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
 from unittest import mock
 
 import pytest
-import torch
-from conftest import TINY_CONFIG
+from helpers import fake_commands
 
 from ijepa.cli import main
 from ijepa.launch.submit import FitJob
-
-# The EMA and the k-NN probe on less data: what the sweep's table and the requeue test need, at the least cost.
-PROBED = """
-trainer:
-  max_steps: 4
-  callbacks:
-    - class_path: ijepa.callbacks.EMATargetUpdate
-    - class_path: ijepa.callbacks.KNNProbe
-    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-      init_args: {save_last: true}
-data:
-  source:
-    class_path: ijepa.data.ShapesSource
-    init_args: {train_size: 128, val_size: 64}
-"""
-
-# What SLURM sets for a job of one task (srun inside sbatch).
-SLURM_TASK = {
-    "SLURM_JOB_ID": "4242",
-    "SLURM_JOB_NAME": "ijepa",
-    "SLURM_NTASKS": "1",
-    "SLURM_NTASKS_PER_NODE": "1",
-    "SLURM_JOB_NUM_NODES": "1",
-    "SLURM_NODELIST": "localhost",
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-    "SLURM_NODEID": "0",
-}
 
 
 def submit_error(capsys, *args) -> str:
@@ -52,43 +20,6 @@ def submit_error(capsys, *args) -> str:
         main(["submit", *args])
     assert exit.value.code == 2
     return capsys.readouterr().err
-
-
-def fake_commands(folder: Path, **scripts: str) -> str:
-    """A PATH with shell scripts named as the keys in front of the real one."""
-    folder.mkdir()
-    for name, body in scripts.items():
-        (folder / name).write_text("#!/bin/sh\n" + body)
-        (folder / name).chmod(0o755)
-    return f"{folder}{os.pathsep}{os.environ['PATH']}"
-
-
-@pytest.mark.slow  # two ijepa fit runs
-def test_a_local_two_point_sweep_runs_each_point_in_its_own_folder_and_its_table_lists_their_knn(tmp_path, capsys):
-    config = tmp_path / "probed.yaml"
-    config.write_text(PROBED)
-    folder = tmp_path / "sweep"
-    with mock.patch.dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"):
-        main(
-            ["submit", "--executor", "local", "--folder", str(folder), "--grid", "model.lr=1e-3,2e-3"]
-            + ["--", "fit", "--config", str(TINY_CONFIG), "--config", str(config)]
-        )
-    capsys.readouterr()
-    main(["submit", "--table", str(folder)])
-    printed = capsys.readouterr().out
-    with open(folder / "sweep_table.csv") as f:
-        table = list(csv.DictReader(f))
-    assert [(row["overrides"], row["state"]) for row in table] == [
-        ("model.lr=1e-3", "completed"),
-        ("model.lr=2e-3", "completed"),
-    ], printed
-    assert all(0 <= float(row["val/knn_top1"]) <= 1 for row in table), printed
-    assert printed.splitlines()[0].startswith("| run | job | overrides | state |") and "val/knn_top1" in printed
-    assert (folder / "sweep_table.md").read_text().strip() == printed.strip()
-    # each point trained in its own folder, with its own learning rate
-    ends = [torch.load(next((folder / "runs" / run).rglob("last.ckpt")), weights_only=True) for run in ("000", "001")]
-    assert [end["hyper_parameters"]["lr"] for end in ends] == [1e-3, 2e-3]
-    assert [end["global_step"] for end in ends] == [4, 4]
 
 
 def test_a_slurm_sweep_is_one_job_array_with_the_resources_and_usr1_before_the_time_limit(tmp_path, capsys):
@@ -158,53 +89,6 @@ def test_a_requeued_job_resumes_from_the_newest_checkpoint_of_its_folder_and_sub
     ]
     # Lightning installs its USR1 handler only where none is; submitit's on USR2 would requeue too
     assert all(usr1 == usr2 == signal.SIG_DFL for _, usr1, usr2 in seen)
-
-
-def _fit(folder: Path, steps: int, env: dict) -> subprocess.Popen:
-    (folder.parent / "probed.yaml").write_text(PROBED)
-    command = [sys.executable, "-m", "ijepa", "fit", "--config", str(TINY_CONFIG), "--config", "../probed.yaml"]
-    command += [f"--trainer.default_root_dir={folder}", "--trainer.check_val_every_n_epoch=100"]
-    command += [f"--trainer.max_steps={steps}"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **env)
-    log = open(folder / "fit.log", "a")
-    return subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-@pytest.mark.slow  # three ijepa fit runs
-def test_sigusr1_under_slurm_saves_and_requeues_and_the_requeued_job_resumes_bit_identical(tmp_path):
-    steps = 12  # 4 batches an epoch
-    # scontrol records its arguments and, as SLURM does to a requeued running job, sends SIGTERM
-    calls = tmp_path / "scontrol.log"
-    path = fake_commands(tmp_path / "bin", scontrol=f'echo "$@" >> {calls}\nkill -TERM $PPID\n')
-    slurm = dict(SLURM_TASK, PATH=path)
-    (tmp_path / "run").mkdir()
-    (tmp_path / "straight").mkdir()
-    run = _fit(tmp_path / "run", steps, slurm)
-    straight = _fit(tmp_path / "straight", steps, {})
-    log = tmp_path / "run" / "fit.log"
-    deadline = time.time() + 300
-    # the probe is the last callback's on_train_start before the one that defers Lightning's handler
-    while "k-NN probe (random init" not in log.read_text() and time.time() < deadline:
-        assert run.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.02)
-    run.send_signal(signal.SIGUSR1)
-    assert run.wait(timeout=300) == 128 + signal.SIGTERM, log.read_text()[-3000:]
-    assert calls.read_text() == "requeue 4242\n"
-    saved = torch.load(tmp_path / "run" / "hpc_ckpt_1.ckpt", weights_only=True)
-    assert 1 <= saved["global_step"] < steps, saved["global_step"]
-
-    # The requeued job: the same command and environment, resumed from the hpc checkpoint.
-    assert _fit(tmp_path / "run", steps, slurm).wait(timeout=300) == 0, log.read_text()[-3000:]
-    assert straight.wait(timeout=300) == 0
-    assert f"Restoring states from the checkpoint path at {tmp_path / 'run' / 'hpc_ckpt_1.ckpt'}" in log.read_text()
-    assert calls.read_text() == "requeue 4242\n"  # no second requeue
-    ends = [
-        torch.load(max((tmp_path / name).rglob("last.ckpt"), key=os.path.getmtime), weights_only=True)
-        for name in ("run", "straight")
-    ]
-    assert ends[0]["global_step"] == ends[1]["global_step"] == steps
-    for key, value in ends[1]["state_dict"].items():
-        assert torch.equal(ends[0]["state_dict"][key], value), key
 
 
 def test_submit_without_submitit_names_the_extra_to_install(capsys):

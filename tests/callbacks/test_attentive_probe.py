@@ -3,14 +3,11 @@ and runs on the same schedule as the other probes."""
 
 import csv
 
-import lightning as L
 import pytest
 import torch
 from conftest import TINY_MODEL
 
 from ijepa.callbacks import AttentiveProbe, train_attentive_classifier, train_linear_classifier
-from ijepa.data import IJEPADataModule
-from ijepa.data.sources import ShapesSource
 from ijepa.module import IJEPA
 
 
@@ -48,28 +45,13 @@ def test_the_classifier_is_seeded_and_leaves_the_global_rng_alone():
         assert torch.equal(p, q)
 
 
-def test_probe_runs_at_start_and_end_of_fit_and_in_test(tmp_path):
+def test_probe_runs_at_start_and_end_of_fit_and_in_test(tmp_path, make_datamodule, make_trainer):
     from lightning.pytorch.loggers import CSVLogger
 
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=64, val_size=64),
-        image_size=32,
-        patch_size=8,
-        batch_size=32,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
+    data = make_datamodule()
     logger = CSVLogger(tmp_path)
-    trainer = L.Trainer(
-        callbacks=[AttentiveProbe(num_heads=2, steps=20)],
-        logger=logger,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        max_steps=2,
-        limit_val_batches=0,
+    trainer = make_trainer(
+        callbacks=[AttentiveProbe(num_heads=2, steps=20)], logger=logger, max_steps=2, limit_val_batches=0
     )
     model = IJEPA(**TINY_MODEL)
     trainer.fit(model, datamodule=data)
@@ -80,12 +62,9 @@ def test_probe_runs_at_start_and_end_of_fit_and_in_test(tmp_path):
             if row.get("val/attentive_top1")
         }
     assert sorted(values) == [0, 2] and all(0.0 <= v <= 1.0 for v in values.values())
-    tested = L.Trainer(
-        callbacks=[AttentiveProbe(num_heads=2, steps=5)],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    ).test(model, datamodule=data, verbose=False)[0]
+    tested = make_trainer(callbacks=[AttentiveProbe(num_heads=2, steps=5)]).test(model, datamodule=data, verbose=False)[
+        0
+    ]
     assert "test/attentive_top1" in tested
     assert model.token_features(torch.randn(2, 3, 32, 32)).shape == (2, 16, 32)
 
@@ -104,23 +83,9 @@ def test_bad_arguments(kwargs, match):
         AttentiveProbe(**kwargs)
 
 
-def test_heads_must_divide_the_encoder_width(tmp_path):
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=64, val_size=64),
-        image_size=32,
-        patch_size=8,
-        batch_size=32,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
+def test_heads_must_divide_the_encoder_width(make_datamodule, make_trainer):
+    data = make_datamodule()
     with pytest.raises(ValueError, match="AttentiveProbe num_heads must divide the encoder width 32, got 3"):
-        L.Trainer(
-            callbacks=[AttentiveProbe(num_heads=3)],
-            logger=False,
-            enable_progress_bar=False,
-            max_steps=1,
-            limit_val_batches=0,
-            default_root_dir=tmp_path,
-        ).fit(IJEPA(**TINY_MODEL), datamodule=data)
+        make_trainer(callbacks=[AttentiveProbe(num_heads=3)], max_steps=1, limit_val_batches=0).fit(
+            IJEPA(**TINY_MODEL), datamodule=data
+        )

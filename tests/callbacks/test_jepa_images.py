@@ -1,7 +1,6 @@
 """TensorBoard pictures: the mask overlay marks exactly the sampled patches, the loss map sums
 back to the loss, and the callback logs them."""
 
-import lightning as L
 import pytest
 import torch
 from conftest import TINY_MODEL
@@ -9,9 +8,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ijepa.callbacks import JEPAImages, position_loss_map
-from ijepa.data import IJEPADataModule
 from ijepa.data.batch import GridBatch
-from ijepa.data.sources import MovingShapesSource, ShapesSource
+from ijepa.data.sources import MovingShapesSource
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
 from ijepa.pictures import CONTEXT_COLOUR, TARGET_COLOURS, clip_mask_overlay, mask_overlay
@@ -47,25 +45,10 @@ def test_loss_map_sums_back_to_the_loss():
         assert float(loss_sum.sum() / count.sum()) == pytest.approx(float(model.jepa_loss(batch)), rel=1e-5)
 
 
-def test_callback_logs_images_and_histograms(tmp_path):
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=40, val_size=32),
-        image_size=32,
-        patch_size=8,
-        batch_size=16,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
+def test_callback_logs_images_and_histograms(tmp_path, make_datamodule, make_trainer):
+    data = make_datamodule(train_size=40, val_size=32, batch_size=16)
     logger = TensorBoardLogger(tmp_path, name="", version=0)
-    trainer = L.Trainer(
-        callbacks=[JEPAImages(num_images=4)],
-        logger=logger,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = make_trainer(callbacks=[JEPAImages(num_images=4)], logger=logger)
     trainer.validate(IJEPA(**{**TINY_MODEL, "pos_embed": "learned"}), datamodule=data, verbose=False)
     logger.experiment.flush()
     events = EventAccumulator(str(tmp_path / "version_0"), size_guidance={"images": 0, "histograms": 0})
@@ -98,22 +81,20 @@ def test_clip_overlay_marks_each_time_slice():
         torch.testing.assert_close(out[0, :, r * patch + 1, t * 8 + c * patch + 1], expected, msg=f"token {(t, r, c)}")
 
 
-def test_callbacks_log_clip_pictures(tmp_path):
+def test_callbacks_log_clip_pictures(tmp_path, make_datamodule, make_trainer):
     """JEPAImages and PositionSimilarityImages on a clip model with M-RoPE timestamps (masks,
     loss map per time slice) and with a ``learned_3d`` table (Figure 7 of the first slice and
     the time-slice similarity)."""
     from ijepa.callbacks import PositionSimilarityImages
 
-    data = IJEPADataModule(
+    data = make_datamodule(
         source=MovingShapesSource(train_size=16, val_size=8, fps=10.0),
         num_frames=4,
         tubelet_size=2,
         image_size=16,
         patch_size=4,
         batch_size=8,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
+        min_keep=4,
     )
     clip_model = dict(
         image_size=16,
@@ -129,13 +110,7 @@ def test_callbacks_log_clip_pictures(tmp_path):
     )
     for version, pos_embed in enumerate(("mrope", "learned_3d")):
         logger = TensorBoardLogger(tmp_path, name="", version=version)
-        trainer = L.Trainer(
-            callbacks=[JEPAImages(num_images=3), PositionSimilarityImages()],
-            logger=logger,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path,
-        )
+        trainer = make_trainer(callbacks=[JEPAImages(num_images=3), PositionSimilarityImages()], logger=logger)
         model = IJEPA(**clip_model, pos_embed=pos_embed, predictor_pos_embed=pos_embed, time_unit=0.2)
         trainer.validate(model, datamodule=data, verbose=False)
         logger.experiment.flush()

@@ -1,13 +1,10 @@
 """The linear probe: separable features are classified, shuffled labels are not."""
 
-import lightning as L
 import pytest
 import torch
 from conftest import TINY_MODEL
 
 from ijepa.callbacks import LinearProbe, train_linear_classifier
-from ijepa.data import IJEPADataModule
-from ijepa.data.sources import ShapesSource
 from ijepa.module import IJEPA
 
 CENTRES = torch.randn(5, 16, generator=torch.Generator().manual_seed(0)) * 3
@@ -38,25 +35,9 @@ def test_shuffled_labels_give_chance_on_held_out_data():
     assert accuracy(layer, x[400:], shuffled[400:]) < 0.35  # chance is 0.2
 
 
-def test_probe_callback_reports_val_linear_top1(tmp_path):
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=200, val_size=100),
-        image_size=32,
-        patch_size=8,
-        batch_size=32,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
-    trainer = L.Trainer(
-        callbacks=[LinearProbe(max_iter=50)],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        limit_val_batches=1,
-    )
+def test_probe_callback_reports_val_linear_top1(make_datamodule, make_trainer):
+    data = make_datamodule(train_size=200, val_size=100)
+    trainer = make_trainer(callbacks=[LinearProbe(max_iter=50)], limit_val_batches=1)
     metrics = trainer.validate(IJEPA(**TINY_MODEL), datamodule=data, verbose=False)[0]
     assert 0.0 <= metrics["val/linear_top1"] <= 1.0
     metrics = trainer.test(IJEPA(**TINY_MODEL), datamodule=data, verbose=False)[0]
@@ -92,28 +73,13 @@ def test_pooled_features_of_the_last_blocks():
         encoder.pooled_features(images, last_blocks=4)
 
 
-def test_probe_runs_at_start_and_end_of_fit_on_several_blocks(tmp_path):
+def test_probe_runs_at_start_and_end_of_fit_on_several_blocks(tmp_path, make_datamodule, make_trainer):
     from lightning.pytorch.loggers import CSVLogger
 
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=64, val_size=64),
-        image_size=32,
-        patch_size=8,
-        batch_size=32,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
+    data = make_datamodule()
     logger = CSVLogger(tmp_path)
-    trainer = L.Trainer(
-        callbacks=[LinearProbe(max_iter=20, last_blocks=2)],
-        logger=logger,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        max_steps=2,
-        limit_val_batches=0,
+    trainer = make_trainer(
+        callbacks=[LinearProbe(max_iter=20, last_blocks=2)], logger=logger, max_steps=2, limit_val_batches=0
     )
     trainer.fit(IJEPA(**TINY_MODEL), datamodule=data)
     import csv
@@ -122,39 +88,19 @@ def test_probe_runs_at_start_and_end_of_fit_on_several_blocks(tmp_path):
         steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("val/linear_top1")]
     assert steps == [0, 2]
     with pytest.raises(ValueError, match=r"last_blocks must be in 1\.\.2 \(the encoder depth\), got 3"):
-        L.Trainer(
-            callbacks=[LinearProbe(last_blocks=3)],
-            logger=False,
-            enable_progress_bar=False,
-            max_steps=1,
-            limit_val_batches=0,
-        ).fit(IJEPA(**TINY_MODEL), datamodule=data)
+        make_trainer(callbacks=[LinearProbe(last_blocks=3)], max_steps=1, limit_val_batches=0).fit(
+            IJEPA(**TINY_MODEL), datamodule=data
+        )
 
 
-def test_knn_and_linear_probes_encode_the_data_once_per_weights(tmp_path):
+def test_knn_and_linear_probes_encode_the_data_once_per_weights(make_datamodule, make_trainer):
     from unittest import mock
 
     from ijepa.callbacks import KNNProbe
 
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=100, val_size=50),
-        image_size=32,
-        patch_size=8,
-        batch_size=50,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-        min_keep=2,
-    )
+    data = make_datamodule(train_size=100, val_size=50, batch_size=50)
     model = IJEPA(**TINY_MODEL)
-    trainer = L.Trainer(
-        callbacks=[KNNProbe(), LinearProbe(max_iter=20)],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        limit_val_batches=1,
-    )
+    trainer = make_trainer(callbacks=[KNNProbe(), LinearProbe(max_iter=20)], limit_val_batches=1)
     with mock.patch.object(IJEPA, "features", autospec=True, side_effect=IJEPA.features) as features:
         first = trainer.validate(model, datamodule=data, verbose=False)[0]
         assert features.call_count == 2  # one bank batch + one query batch, shared by the two probes

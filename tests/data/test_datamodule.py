@@ -10,6 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import (
+    STL_CLASSES,
+    STL_GRID,
+    STL_SIZE,
+    TEST_IDS,
+    TRAIN_IDS,
+    UNLABELED_IDS,
+    stl_label,
+    stl_pattern,
+    write_stl10,
+)
 from PIL import Image
 from torch.utils.data import Subset
 
@@ -25,52 +36,8 @@ from ijepa.data.sources import (
 )
 from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 
-STL_SIZE = 96
-STL_GRID = STL_SIZE // 8
-STL_CLASSES = ("airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck")
-# Image ids are stored in pixel [channel 0, row 0, col 0], so every image is identifiable.
-TRAIN_IDS = list(range(0, 20))
-UNLABELED_IDS = list(range(100, 130))
-TEST_IDS = list(range(200, 210))
-
 
 # --- helpers --------------------------------------------------------------------------------
-def stl_pattern(image_id: int) -> np.ndarray:
-    """The image ``[3, H, W]`` (uint8, CHW, rows first) a reader must return for ``image_id``.
-
-    ``value = id + 3 * channel + row + 2 * col`` is not symmetric under a row/column transpose,
-    and pixel ``[0, 0, 0]`` is the id itself.
-    """
-    c = np.arange(3)[:, None, None]
-    r = np.arange(STL_SIZE)[None, :, None]
-    col = np.arange(STL_SIZE)[None, None, :]
-    return ((image_id + 3 * c + r + 2 * col) % 256).astype(np.uint8)
-
-
-def stl_label(image_id: int) -> int:
-    """0-based label of a labelled image (the file stores ``label + 1``)."""
-    return (image_id * 7 + 3) % 10
-
-
-def write_stl_images(path: Path, ids: list[int]) -> None:
-    images = np.stack([stl_pattern(i) for i in ids])  # [N, 3, H, W], H = rows
-    # STL-10 stores each channel column-major: torchvision reads [N, 3, 96, 96] and swaps the
-    # last two axes, so the file holds the transpose of what the reader must return.
-    np.ascontiguousarray(images.transpose(0, 1, 3, 2)).tofile(path)
-
-
-def write_stl10(root: Path) -> Path:
-    folder = root / "stl10_binary"
-    folder.mkdir(parents=True)
-    write_stl_images(folder / "train_X.bin", TRAIN_IDS)
-    np.array([stl_label(i) + 1 for i in TRAIN_IDS], dtype=np.uint8).tofile(folder / "train_y.bin")
-    write_stl_images(folder / "test_X.bin", TEST_IDS)
-    np.array([stl_label(i) + 1 for i in TEST_IDS], dtype=np.uint8).tofile(folder / "test_y.bin")
-    write_stl_images(folder / "unlabeled_X.bin", UNLABELED_IDS)
-    (folder / "class_names.txt").write_text("\n".join(STL_CLASSES) + "\n")
-    return folder
-
-
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
     """Undo ``ToDtype(scale=True)`` + ``Normalize(ImageNet)``: float ``[..., 3, H, W]`` -> uint8."""
     mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)

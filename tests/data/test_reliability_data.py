@@ -20,13 +20,14 @@ from unittest import mock
 import numpy as np
 import pytest
 import yaml
-from conftest import TINY_CONFIG
+from conftest import TINY_CONFIG, tiny_datamodule
+from helpers import write_video
 from PIL import Image
 
 from ijepa.cli import build_cli
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.imagefolder import RobustImageFolder, load_rgb, to_rgb
-from ijepa.data.sources import ImageFolderSource, ShapesSource, VideoFolderSource
+from ijepa.data.sources import ImageFolderSource, VideoFolderSource
 from ijepa.data.video_folder import find_videos
 
 TINY = TINY_CONFIG
@@ -84,14 +85,7 @@ def two_class_folder(root: Path) -> Path:
 
 
 def test_val_folder_uses_train_class_index(tmp_path):
-    data = IJEPADataModule(
-        source=ImageFolderSource(root=str(two_class_folder(tmp_path))),
-        image_size=32,
-        patch_size=8,
-        batch_size=4,
-        num_workers=0,
-        crop_scale=None,
-    )
+    data = tiny_datamodule(source=ImageFolderSource(root=str(two_class_folder(tmp_path))), batch_size=4)
     data.setup("fit")
     assert data.num_classes == 2
     square = data.split("knn_train").class_to_idx["square"]
@@ -117,7 +111,7 @@ def test_probes_score_a_val_folder_with_fewer_classes_through_the_cli(tmp_path):
 def test_val_class_missing_from_train_is_an_error_naming_class_and_folders(tmp_path):
     root = two_class_folder(tmp_path)
     write_images(root / "val" / "triangle", 2, (0, 200, 0))
-    data = IJEPADataModule(source=ImageFolderSource(root=str(root)), image_size=32, patch_size=8, num_workers=0)
+    data = tiny_datamodule(source=ImageFolderSource(root=str(root)))
     with pytest.raises(
         ValueError,
         match=r"\['triangle'\] under .*val are not among the training split's classes "
@@ -128,8 +122,6 @@ def test_val_class_missing_from_train_is_an_error_naming_class_and_folders(tmp_p
 
 def test_video_val_folder_uses_train_class_index(tmp_path):
     pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extra")
-    from test_video_data import write_video
-
     for split, names in (("train", ("a", "b")), ("val", ("b",))):
         for name in names:
             (tmp_path / split / name).mkdir(parents=True)
@@ -299,14 +291,7 @@ def test_unlabelled_folder_pretrains_on_every_image_and_probes_skip_with_one_war
 
 def test_unlabelled_val_reuses_a_spread_share_of_the_training_images(tmp_path):
     write_images(tmp_path, 20, (10, 10, 10))
-    data = IJEPADataModule(
-        source=ImageFolderSource(root=str(tmp_path), holdout_fraction=0.2),
-        image_size=32,
-        patch_size=8,
-        num_workers=0,
-        batch_size=4,
-        crop_scale=None,
-    )
+    data = tiny_datamodule(source=ImageFolderSource(root=str(tmp_path), holdout_fraction=0.2), batch_size=4)
     data.setup("fit")
     pretrain, val = data.split("pretrain"), data.split("val")
     assert len(pretrain) == 20 and pretrain.targets == [-1] * 20
@@ -333,21 +318,13 @@ def test_probe_source_gives_the_probes_a_labelled_folder(tmp_path):
 
 def test_unlabelled_probe_source_is_an_error_naming_the_option(tmp_path):
     write_images(tmp_path / "loose", 4, (0, 0, 0))
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=8, val_size=4),
-        probe_source=ImageFolderSource(root=str(tmp_path / "loose")),
-        image_size=32,
-        patch_size=8,
-        num_workers=0,
-    )
+    data = tiny_datamodule(train_size=8, val_size=4, probe_source=ImageFolderSource(root=str(tmp_path / "loose")))
     with pytest.raises(ValueError, match=r"data.probe_source=ImageFolderSource\(root=.* at least two classes, got 0"):
         data.setup("fit")
 
 
 def test_loose_videos_are_unlabelled(tmp_path):
     pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extra")
-    from test_video_data import write_video
-
     for k in range(3):
         write_video(tmp_path / f"{k}.mp4", 8, 10, size=16)
     data = IJEPADataModule(
@@ -380,9 +357,7 @@ def test_batch_larger_than_the_dataset_is_an_error_naming_data_batch_size(tmp_pa
 
 
 def test_batch_size_is_checked_against_each_devices_share():
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=21, val_size=4), image_size=32, patch_size=8, num_workers=0, batch_size=12
-    )
+    data = tiny_datamodule(train_size=21, val_size=4, batch_size=12)
     data.trainer = SimpleNamespace(world_size=2)  # 11 images per rank (DistributedSampler pads 21 to 22)
     with pytest.raises(
         ValueError,
@@ -420,14 +395,7 @@ def deadline(seconds: float):
 
 
 def folder_data(root: Path, **source) -> IJEPADataModule:
-    return IJEPADataModule(
-        source=ImageFolderSource(root=str(root), **source),
-        image_size=32,
-        patch_size=8,
-        batch_size=4,
-        num_workers=0,
-        crop_scale=None,
-    )
+    return tiny_datamodule(source=ImageFolderSource(root=str(root), **source), batch_size=4)
 
 
 def every_sample(data: IJEPADataModule) -> list[tuple[str, int]]:
@@ -498,8 +466,6 @@ def test_a_directory_link_to_a_folder_outside_the_root_is_read_once(tmp_path):
 
 def test_symlink_loops_in_a_video_folder_give_each_video_once(tmp_path):
     pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extra")
-    from test_video_data import write_video
-
     root, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
     for name in ("a", "b"):
         (root / name).mkdir(parents=True)

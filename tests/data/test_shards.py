@@ -1,61 +1,30 @@
 """Sharded data (ijepa prepare, ShardsSource): shards give the image folder's images, labels,
 order and runs, bit for bit, and refuse bad input with a message naming it."""
 
-from pathlib import Path
 from unittest import mock
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
-import yaml
-from conftest import TINY_CONFIG, TINY_MODEL
-from lightning.pytorch.callbacks import ModelCheckpoint
-from PIL import Image
-from test_datamodule import write_stl10
-from test_resume import Recorder, Stop
+from conftest import TINY_CONFIG, tiny_datamodule
+from helpers import prepare, write_folder, write_folder_and_shards, write_stl10
 
-from ijepa.callbacks import EMATargetUpdate
 from ijepa.cli import build_cli, main
 from ijepa.data import IJEPADataModule, ImageFolderSource, ShardsSource, STL10Source
 from ijepa.data.imagefolder import RobustImageFolder
 from ijepa.data.sampling import EpochSampler
-from ijepa.data.shapes import CLASSES, ShapesDataset
 from ijepa.data.shards import INDEX_FILE, ShardImages
-from ijepa.module import IJEPA
 
 pytest.importorskip("litdata", reason="shards need the 'shards' extra")
 
 
-def write_folder(root: Path, per_class: int, classes=CLASSES[:2], suffix: str = "jpg", split: str = "train") -> Path:
-    """``per_class`` generated shapes of each of ``classes`` under ``root/<class>/`` (JPEG or PNG);
-    ``classes=None``: loose, unlabelled images directly in ``root``."""
-    images = ShapesDataset(per_class * len(classes or [0]), 32, split=split, background="noisy")
-    for index in range(len(images)):
-        image, label = images[index]
-        folder = root / classes[label % len(classes)] if classes else root
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(image.permute(1, 2, 0).numpy()).save(folder / f"{index:03d}.{suffix}")
-    return root
-
-
-def prepare(src: Path, dest: Path, *args: str) -> Path:
-    main(["prepare", str(src), str(dest), *args])
-    return dest
-
-
 def datamodule(source, **overrides) -> IJEPADataModule:
-    kwargs = dict(image_size=32, patch_size=8, batch_size=8, num_workers=0, crop_scale=None, min_keep=2)
-    kwargs.update(target_scale=(0.1, 0.15), **overrides)
-    return IJEPADataModule(source=source, **kwargs)
+    return tiny_datamodule(source=source, **{"batch_size": 8, **overrides})
 
 
 @pytest.fixture(scope="module")
 def folder_and_shards(tmp_path_factory):
-    """Two classes of 10 JPEGs and their shards, written by two processes."""
-    root = tmp_path_factory.mktemp("shards")
-    folder = write_folder(root / "jpeg", 10)
-    return folder, prepare(folder, root / "shards", "--num-workers", "2", "--chunk-bytes", "4KB")
+    return write_folder_and_shards(tmp_path_factory.mktemp("shards"))
 
 
 # --- writing and reading ---------------------------------------------------------------------
@@ -130,82 +99,6 @@ def test_a_shard_split_pickles_without_its_open_stream(folder_and_shards):
     dataset[0]
     copy = pickle.loads(pickle.dumps(dataset))
     assert copy._stream is None and torch.equal(copy[3][0], dataset[3][0])
-
-
-# --- whole runs ------------------------------------------------------------------------------
-def fit(root: Path, source: dict) -> tuple[list[float], dict]:
-    """A 5-step `ijepa fit` of the tiny config on ``source`` (an epoch of 4 batches and a validation,
-    then one more); its train losses and final weights."""
-    config = yaml.safe_load(TINY_CONFIG.read_text())
-    config["trainer"].update(
-        max_steps=5,
-        default_root_dir=str(root),
-        callbacks=[
-            {"class_path": "ijepa.callbacks.EMATargetUpdate"},
-            {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_last": True}},
-        ],
-        logger={"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(root)}},
-    )
-    config["data"].update(source=source, batch_size=4)
-    (root / "config.yaml").write_text(yaml.safe_dump(config))
-    with mock.patch("sys.argv", ["ijepa"]):
-        cli = build_cli(["fit", "--config", str(root / "config.yaml")])
-    metrics = (Path(cli.trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()
-    column = metrics[0].split(",").index("train/loss")
-    losses = [float(row.split(",")[column]) for row in metrics[1:] if row.split(",")[column]]
-    return losses, torch.load(cli.trainer.checkpoint_callback.last_model_path, weights_only=True)["state_dict"]
-
-
-@pytest.mark.slow
-def test_a_run_on_shards_equals_the_same_run_on_the_folder_bit_for_bit(folder_and_shards, tmp_path):
-    folder, shards = folder_and_shards
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    on_folder = fit(tmp_path / "a", {"class_path": "ijepa.data.ImageFolderSource", "init_args": {"root": str(folder)}})
-    on_shards = fit(tmp_path / "b", {"class_path": "ijepa.data.ShardsSource", "init_args": {"root": str(shards)}})
-    assert len(on_folder[0]) == 5 and on_shards[0] == on_folder[0]
-    for name, weights in on_folder[1].items():
-        assert torch.equal(on_shards[1][name], weights), name
-
-
-def make(root: Path, shards: Path, recorder: Recorder):
-    L.seed_everything(0)
-    model = IJEPA(**TINY_MODEL, warmup_steps=2, drop_path_rate=0.1)
-    data = datamodule(ShardsSource(str(shards)), batch_size=4, crop_scale=(0.5, 1.0), horizontal_flip=True)
-    trainer = L.Trainer(
-        max_steps=7,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[
-            EMATargetUpdate(momentum=0.9),
-            recorder,
-            ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=6, save_top_k=-1),
-        ],
-        default_root_dir=root,
-    )
-    return model, data, trainer
-
-
-@pytest.mark.slow
-def test_a_run_on_shards_resumed_mid_epoch_equals_the_uninterrupted_run(folder_and_shards, tmp_path):
-    shards = folder_and_shards[1]  # 16 training images: 4 batches an epoch; the stop falls inside epoch 1
-    full = Recorder()
-    model, data, trainer = make(tmp_path / "full", shards, full)
-    trainer.fit(model, datamodule=data)
-    final = {name: weights.clone() for name, weights in model.state_dict().items()}
-    stopped = Recorder(stop_at=6)
-    model, data, trainer = make(tmp_path / "resume", shards, stopped)
-    with pytest.raises(Stop):
-        trainer.fit(model, datamodule=data)
-    resumed = Recorder()
-    model, data, trainer = make(tmp_path / "resume", shards, resumed)
-    trainer.fit(model, datamodule=data, ckpt_path=tmp_path / "resume" / "ckpt" / "epoch=1-step=6.ckpt")
-    assert sorted(resumed.losses) == [7]
-    assert resumed.batches[7] == full.batches[7] and resumed.losses[7] == full.losses[7]
-    for name, weights in trainer.lightning_module.state_dict().items():
-        assert torch.equal(weights, final[name]), name
 
 
 # --- bad input -------------------------------------------------------------------------------

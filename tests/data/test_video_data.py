@@ -1,33 +1,14 @@
 """Clip data: the folder-of-videos loader (PyAV), timestamps in batches, generated clips."""
 
-import fractions
-
 import pytest
 import torch
+from conftest import tiny_datamodule
+from helpers import make_video_folder, write_video
 
-av = pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extra (installed by '.[dev]')")
-
-from conftest import ROOT  # noqa: E402
+pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extra (installed by '.[dev]')")
 
 from ijepa.data.sources import MovingShapesSource, VideoFolderSource  # noqa: E402
 from ijepa.data.video_folder import VideoFolderClips, decode_clip  # noqa: E402
-
-
-def write_video(path, num_frames: int, fps: float, size: int = 32):
-    """An mp4 whose frame k is a flat grey of level 8k, so a decoded frame tells its index."""
-    import numpy as np
-
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=fractions.Fraction(fps).limit_denominator(1000))
-        stream.width = stream.height = size
-        stream.pix_fmt = "yuv420p"
-        for k in range(num_frames):
-            frame = av.VideoFrame.from_ndarray(np.full((size, size, 3), 8 * k, np.uint8), format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
 
 
 def frame_indices(clip: torch.Tensor) -> list[int]:
@@ -104,17 +85,6 @@ def test_video_folder_clips_and_their_errors(tmp_path, videos):
         VideoFolderClips(tmp_path, num_frames=4, image_size=16, frame_stride=0)
 
 
-def make_video_folder(root, per_class: int = 4):
-    """``root/{train,val}/{a,b}/`` videos at 10 and 20 fps."""
-    for split, count in (("train", per_class), ("val", 2)):
-        for name in ("a", "b"):
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for k in range(count):
-                write_video(folder / f"{k}.mp4", 20, 10 if k % 2 else 20, size=24)
-    return root
-
-
 def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
     from ijepa.data import IJEPADataModule
 
@@ -160,67 +130,11 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
 
 
 def test_moving_shapes_with_a_frame_rate_carry_frame_times():
-    from ijepa.data import IJEPADataModule
-
-    data = IJEPADataModule(
-        source=MovingShapesSource(train_size=8, val_size=8, fps=12.5),
-        num_frames=4,
-        image_size=16,
-        patch_size=4,
-        batch_size=4,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-    )
+    clips = dict(num_frames=4, image_size=16, patch_size=4, batch_size=4, min_keep=4)
+    data = tiny_datamodule(source=MovingShapesSource(train_size=8, val_size=8, fps=12.5), **clips)
     data.setup("fit")
     for batch in (next(iter(data.train_dataloader())), next(iter(data.knn_train_dataloader()))):
         torch.testing.assert_close(batch.frame_times[0], torch.tensor([0.0, 0.08, 0.16, 0.24]))
-    plain = IJEPADataModule(
-        source=MovingShapesSource(train_size=8, val_size=8),
-        num_frames=4,
-        image_size=16,
-        patch_size=4,
-        batch_size=4,
-        num_workers=0,
-        crop_scale=None,
-        target_scale=(0.1, 0.15),
-    )
+    plain = tiny_datamodule(source=MovingShapesSource(train_size=8, val_size=8), **clips)
     plain.setup("fit")
     assert next(iter(plain.train_dataloader())).frame_times is None
-
-
-@pytest.mark.slow
-def test_a_video_folder_fits_through_the_cli_with_timestamps(tmp_path):
-    """``ijepa fit`` on a folder of videos (10 and 20 fps, sampled at 8 fps) with M-RoPE: the
-    masked and the probe batches carry ``frame_times`` and the run logs both probes."""
-    from unittest import mock
-
-    from ijepa.cli import build_cli
-
-    root = make_video_folder(tmp_path / "videos", per_class=8)
-    config = ROOT / "configs" / "video_motion.yaml"  # M-RoPE with timestamps
-    with mock.patch("sys.argv", ["ijepa"]):
-        cli = build_cli(
-            [
-                "fit",
-                "--config",
-                str(config),
-                "--trainer.max_steps=2",
-                "--trainer.logger=false",
-                f"--trainer.default_root_dir={tmp_path}",
-                "--trainer.enable_progress_bar=false",
-                "--trainer.check_val_every_n_epoch=1",
-                "--data.source=ijepa.data.VideoFolderSource",
-                f"--data.source.root={root}",
-                "--data.image_size=16",
-                "--model.patch_size=4",
-                "--data.batch_size=8",
-                "--data.num_workers=0",
-                "--data.source.fps=8",
-                "--data.crop_scale=[0.5,1.0]",
-            ],
-            run=True,
-        )
-    metrics = cli.trainer.callback_metrics
-    assert cli.model.hparams.num_frames == 4 and cli.datamodule.num_classes == 2
-    assert 0.0 <= float(metrics["val/knn_top1"]) <= 1.0 and 0.0 <= float(metrics["val/linear_top1"]) <= 1.0

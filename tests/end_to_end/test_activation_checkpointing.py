@@ -1,7 +1,8 @@
 """``model.activation_checkpointing`` composes with the rest of a run: DDP and FSDP2 on two CPU
-processes (activation_checkpointing_run.py beside this file, launched once), ``model.compile`` and
-``trainer.precision: bf16-mixed``. Each checkpointed run gives the losses and gradients of the
-same run without it; tests/test_module.py proves the same for the bare module."""
+processes (activation_checkpointing_run.py beside this file, launched once) and ``model.compile``.
+Each checkpointed run gives the losses and gradients of the same run without it;
+tests/test_module.py proves the same for the bare module, tests/test_activation_checkpointing_bf16.py
+under ``trainer.precision: bf16-mixed``."""
 
 import json
 import os
@@ -9,28 +10,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 import torch._dynamo as dynamo
-from conftest import TESTS, TINY_CONFIG, TINY_MODEL, tiny_trainer
+from conftest import TESTS, TINY_MODEL
 from functorch.compile import make_boxed_func
+from helpers import assert_same
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from ijepa.callbacks import EMATargetUpdate
-from ijepa.cli import instantiate
 from ijepa.data.collate import MaskCollator
 from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
 
+pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
+
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(TESTS))
-
-
-def assert_same(checkpointed: dict, plain: dict, tolerance: float = 1e-6) -> None:
-    assert checkpointed.keys() == plain.keys() and any(k.startswith("predictor.") for k in plain)
-    for name, value in plain.items():
-        torch.testing.assert_close(checkpointed[name], value, rtol=tolerance, atol=tolerance, msg=name)
 
 
 # --- DDP and FSDP2: two processes, four trainings --------------------------------------------
@@ -48,7 +43,6 @@ def runs(tmp_path_factory):
     }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_checkpointed_training_gives_the_losses_gradients_and_weights_of_plain_training(runs, strategy):
     (report, tensors), (plain_report, plain_tensors) = runs[f"{strategy}-1"], runs[f"{strategy}-0"]
@@ -58,7 +52,6 @@ def test_checkpointed_training_gives_the_losses_gradients_and_weights_of_plain_t
     assert_same(tensors["weights"], plain_tensors["weights"])  # after three steps, target encoder included
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_checkpointed_blocks_run_again_in_the_backward_pass_with_whole_weights(runs, strategy):
     calls, plain_calls = runs[f"{strategy}-1"][0]["calls"], runs[f"{strategy}-0"][0]["calls"]
@@ -70,7 +63,7 @@ def test_checkpointed_blocks_run_again_in_the_backward_pass_with_whole_weights(r
     assert runs[f"{strategy}-1"][0]["whole_weights"]
 
 
-# --- torch.compile and bf16-mixed, in one process ---------------------------------------------
+# --- torch.compile, in one process ----------------------------------------------------------------
 def one_batch() -> dict:
     generator = torch.Generator().manual_seed(0)
     collate = MaskCollator(MultiBlockMaskSampler(4, target_scale=(0.1, 0.15), min_keep=2))
@@ -84,7 +77,7 @@ def loss_and_grads(model: IJEPA, batch: dict) -> tuple[torch.Tensor, dict]:
     return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.slow  # compiling the three networks takes seconds
+# compiling the three networks takes seconds
 def test_compiled_checkpointed_step_equals_the_eager_plain_step_and_recomputes_in_its_backward():
     graphs = {"forward": [], "backward": []}
 
@@ -125,52 +118,3 @@ def test_compiled_checkpointed_step_equals_the_eager_plain_step_and_recomputes_i
     for graph in graphs["backward"]:
         ops = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
         assert any("scaled_dot_product" in op and "backward" not in op for op in ops), ops
-
-
-class Record(L.Callback):
-    """Each step's loss, the first step's gradients, and the dtype of every output of the
-    online encoder's and the predictor's block linears, recomputations included."""
-
-    def __init__(self):
-        self.losses, self.grads, self.linear_dtypes = [], None, []
-
-    def on_fit_start(self, trainer, pl_module):
-        for network in (pl_module.encoder, pl_module.predictor):
-            for module in network.transformer.blocks.modules():
-                if isinstance(module, torch.nn.Linear):
-                    module.register_forward_hook(lambda module, args, out: self.linear_dtypes.append(out.dtype))
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if self.grads is None:
-            self.grads = {n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None}
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.losses.append(outputs["loss"].item())
-
-
-def fit(precision: str, checkpointing: int, root) -> Record:
-    overrides = ["--data.source.train_size=64", "--data.source.val_size=32", "--model.drop_path_rate=0.2"]
-    model, data = instantiate(TINY_CONFIG, [*overrides, f"--model.activation_checkpointing={checkpointing}"])
-    record = Record()
-    trainer = tiny_trainer(
-        root,
-        accelerator="cpu",
-        precision=precision,
-        max_steps=2,
-        limit_val_batches=0,
-        callbacks=[EMATargetUpdate(), record],
-    )
-    L.seed_everything(0, verbose=False)
-    trainer.fit(model, datamodule=data)
-    return record
-
-
-def test_bf16_mixed_checkpointed_training_recomputes_under_autocast(tmp_path):
-    plain, checkpointed = fit("bf16-mixed", 0, tmp_path), fit("bf16-mixed", 1, tmp_path)
-    assert checkpointed.losses == pytest.approx(plain.losses, rel=1e-6)
-    assert_same(checkpointed.grads, plain.grads)
-    # Lightning runs the backward outside the autocast region; the recomputation re-entered it
-    # (torch's checkpoint records the autocast state): the recomputed linears ran in bfloat16 too.
-    # (Not every linear runs again: the recomputation stops once it has what the backward needs.)
-    assert len(checkpointed.linear_dtypes) > len(plain.linear_dtypes) > 0
-    assert set(checkpointed.linear_dtypes) == set(plain.linear_dtypes) == {torch.bfloat16}

@@ -16,6 +16,8 @@ from conftest import TESTS, TINY_CONFIG, knn_of_checkpoint
 
 from ijepa.module import IJEPA
 
+pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
+
 HERE = Path(__file__).resolve().parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(TESTS))
 
@@ -40,7 +42,6 @@ def runs(tmp_path_factory):
     return out, reports, weights
 
 
-@pytest.mark.slow
 def test_sharded_losses_equal_one_process_on_the_same_global_batch(runs):
     _, reports, _ = runs
     assert reports["single"]["world"] == 1 and reports["fsdp"]["world"] == 2
@@ -48,7 +49,6 @@ def test_sharded_losses_equal_one_process_on_the_same_global_batch(runs):
     assert reports["fsdp"]["losses"] == pytest.approx(reports["single"]["losses"], rel=1e-5)
 
 
-@pytest.mark.slow
 def test_each_rank_holds_about_half_of_the_weights_and_optimizer_state(runs):
     _, reports, _ = runs
     assert reports["single"]["held_by_rank0"] == {"parameters": 1.0, "adam_moments": 1.0}
@@ -56,7 +56,6 @@ def test_each_rank_holds_about_half_of_the_weights_and_optimizer_state(runs):
         assert 0.45 <= share <= 0.56
 
 
-@pytest.mark.slow
 def test_sharded_weights_equal_one_process_after_six_steps(runs):
     _, _, weights = runs
     single, sharded = weights["single"], weights["fsdp"]
@@ -68,7 +67,6 @@ def test_sharded_weights_equal_one_process_after_six_steps(runs):
     assert not torch.equal(single["encoder.patch_embed.proj.weight"], single["target_encoder.patch_embed.proj.weight"])
 
 
-@pytest.mark.slow
 def test_sharded_target_is_the_ema_of_the_online_encoder_at_every_step(runs):
     _, reports, _ = runs
     # target == before.lerp(online, 1 - m) on whole tensors, bit for bit, after each of the 6 steps
@@ -76,7 +74,6 @@ def test_sharded_target_is_the_ema_of_the_online_encoder_at_every_step(runs):
     assert reports["single"]["ema_exact"] == [True] * 6
 
 
-@pytest.mark.slow
 def test_sharded_run_resumes_exactly_from_its_checkpoint(runs):
     _, reports, weights = runs
     assert reports["resume"]["losses"] == reports["fsdp"]["losses"][-2:]  # steps 5 and 6, bit for bit
@@ -84,7 +81,6 @@ def test_sharded_run_resumes_exactly_from_its_checkpoint(runs):
         assert torch.equal(weights["resume"][name], value), name
 
 
-@pytest.mark.slow
 def test_sharded_checkpoint_resumes_in_one_process(runs):
     _, reports, weights = runs
     assert reports["resume_single"]["world"] == 1
@@ -93,7 +89,6 @@ def test_sharded_checkpoint_resumes_in_one_process(runs):
         torch.testing.assert_close(weights["resume_single"][name], value, rtol=0, atol=2e-5, msg=name)
 
 
-@pytest.mark.slow
 def test_sharded_checkpoint_is_one_ordinary_file_that_loads_in_one_process(runs):
     out, _, _ = runs
     path = out / "checkpoints" / "epoch=1-step=4.ckpt"
@@ -106,7 +101,6 @@ def test_sharded_checkpoint_is_one_ordinary_file_that_loads_in_one_process(runs)
 
 
 # --- the CLI -----------------------------------------------------------------------------------
-@pytest.mark.slow
 def test_cli_fit_with_fsdp2_trains_probes_and_checkpoints(tmp_path):
     args = [
         sys.executable,

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
-import lightning as L
 import pytest
 import torch
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, save_tiny_checkpoint
 from torch import nn
 
 import ijepa.nn.video as video
@@ -161,9 +160,7 @@ def test_a_clip_checkpoint_saved_with_learned_3d_loads_with_identical_weights(tm
 def test_an_ijepa_checkpoint_with_pos_embed_learned_3d_loads_with_identical_weights(tmp_path):
     options = {**TINY_MODEL, "image_size": 16, "num_frames": 4, "tubelet_size": 2}
     model = IJEPA(**options, pos_embed="learned_flat_3d", predictor_pos_embed="learned_flat_3d")
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, max_steps=0)
-    trainer.strategy.connect(model)
-    trainer.save_checkpoint(tmp_path / "new.ckpt")
+    save_tiny_checkpoint(model, tmp_path / "new.ckpt")
     checkpoint = torch.load(tmp_path / "new.ckpt", weights_only=False)
     checkpoint["hyper_parameters"].update(pos_embed="learned_3d", predictor_pos_embed="learned_3d")  # as saved before
     torch.save(checkpoint, tmp_path / "old.ckpt")

@@ -1,7 +1,8 @@
-"""The CLI across resolutions: a checkpoint trained at one image size runs at another.
+"""The CLI across resolutions: a checkpoint trained at one image size runs at another, and
+``ijepa fit`` trains across patch sizes (FlexiViT) and on packed native-resolution batches.
 
 In-process (``IJEPACLI(args=...)``) rather than a subprocess per run, to stay inside the
-suite's time budget; ``tests/test_cli.py`` covers the real console entry point.
+suite's time budget; ``test_cli_runs.py`` covers the real console entry point.
 """
 
 import json
@@ -11,7 +12,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import TINY_CONFIG
+from conftest import ROOT, TINY_CONFIG
 
 from ijepa.cli import IJEPACLI
 from ijepa.data import IJEPADataModule
@@ -158,3 +159,41 @@ def test_load_from_checkpoint_at_another_size(checkpoints, pos_embed):
     model = IJEPA.load_from_checkpoint(checkpoints[pos_embed], weights_only=True, image_size=64, patch_size=4)
     assert model.encoder.grid == (16, 16)
     assert model.features(torch.randn(2, 3, 64, 64)).shape == (2, 32)
+
+
+def test_ijepa_fit_trains_across_patch_sizes(tmp_path):
+    args = ["fit", "--config", str(TINY_CONFIG), "--data.source.train_size=96", "--data.source.val_size=40"]
+    args += ["--data.train_patch_sizes=[4, 8]", "--trainer.max_steps=6", f"--trainer.default_root_dir={tmp_path}"]
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
+    assert cli.trainer.global_step == 6
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+
+@pytest.mark.parametrize("overlay", ["native_resolution.yaml", "flexivit.yaml"])
+def test_the_resolution_flexible_configs_train(tmp_path, overlay):
+    args = [
+        "fit",
+        "--config",
+        str(ROOT / "configs" / "quickstart.yaml"),
+        "--config",
+        str(ROOT / "configs" / "resolution" / overlay),
+    ]
+    args += ["--data.source.train_size=256", "--data.source.val_size=64", "--data.batch_size=32"]
+    args += ["--trainer.max_steps=8", "--trainer.check_val_every_n_epoch=1", f"--trainer.default_root_dir={tmp_path}"]
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
+    assert cli.trainer.global_step == 8
+    metrics = cli.trainer.callback_metrics
+    assert torch.isfinite(metrics["train/loss"]) and torch.isfinite(metrics["val/loss"])
+    assert "val/rankme" in metrics  # the collapse monitor reads the packed validation batches
+
+
+def test_ijepa_fit_trains_on_packed_native_resolution_batches(tmp_path):
+    args = ["fit", "--config", str(TINY_CONFIG), "--data.source.train_size=96", "--data.source.val_size=40"]
+    args += ["--data.native_sides=[3, 4]", "--data.token_drop=0.2", "--model.pos_embed=rope_axial"]
+    args += ["--trainer.max_steps=4", f"--trainer.default_root_dir={tmp_path}"]
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
+    assert cli.trainer.global_step == 4
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])

@@ -6,10 +6,12 @@ import sys
 
 import pytest
 import torch
-from conftest import TINY_CONFIG
+from conftest import TINY_CONFIG, tiny_datamodule
+from helpers import write_stl10
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ijepa.data.sources import ShapesSource
+from ijepa.callbacks import rankme
+from ijepa.module import IJEPA
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
 
@@ -87,8 +89,6 @@ def test_validate_from_checkpoint_reports_knn(fitted_run):
 
 def test_fit_and_validate_on_stl10_binary_layout(tmp_path):
     """The stl10 path end to end through the CLI, on a tiny folder in STL-10's binary layout."""
-    from data.test_datamodule import write_stl10  # tests/data/, a namespace package under tests/
-
     write_stl10(tmp_path / "data")
     stl_args = [
         "--data.source=ijepa.data.STL10Source",
@@ -126,43 +126,16 @@ def test_test_and_predict_from_checkpoint(fitted_run):
     assert torch.isfinite(features).all() and features.std(0).min() > 0
     assert str(out / "features.pt") in output
 
-    from ijepa.data import IJEPADataModule
-
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=640, val_size=160), image_size=32, patch_size=8, num_workers=0
-    )
+    data = tiny_datamodule(train_size=640, val_size=160)
     data.setup("predict")
     assert labels.tolist() == torch.cat([batch.labels for batch in data.predict_dataloader()]).tolist()
-
-
-@pytest.mark.parametrize("refused", [["--optimizer=Adam"], ["--lr_scheduler.class_path=StepLR"], "config"])
-def test_optimizer_and_scheduler_options_are_refused_naming_what_to_set(tmp_path, refused):
-    from ijepa.cli import build_cli
-
-    if refused == "config":
-        config = tmp_path / "optimizer.yaml"
-        config.write_text("optimizer:\n  class_path: torch.optim.SGD\n")
-        refused = ["--config", str(config)]
-    with pytest.raises(ValueError, match=r"(optimizer|lr_scheduler) cannot be set.*model\.lr"):
-        build_cli(["fit", "--config", str(CONFIG), *refused], run=False)
 
 
 def test_sigreg_keeps_the_features_from_collapsing_dimensionally(tmp_path):
     """The same tiny run with and without SIGReg: RankMe of the online encoder's pooled features
     on held-out images ends higher with it (the target encoder, at EMA 0.996 over 80 steps, is
     still mostly its init; docs/training.md shows the quickstart's 600-step version)."""
-    from ijepa.callbacks import rankme
-    from ijepa.data import IJEPADataModule
-    from ijepa.module import IJEPA
-
-    data = IJEPADataModule(
-        source=ShapesSource(train_size=640, val_size=160),
-        image_size=32,
-        patch_size=8,
-        batch_size=32,
-        num_workers=0,
-        crop_scale=None,
-    )
+    data = tiny_datamodule(train_size=640, val_size=160)
     data.setup("fit")
     images = torch.cat([batch.images for batch in data.knn_test_dataloader()])
     final = {}

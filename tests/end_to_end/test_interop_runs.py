@@ -1,0 +1,41 @@
+"""`ijepa fit` continues pretraining from an official I-JEPA checkpoint."""
+
+from unittest import mock
+
+import pytest
+import torch
+from conftest import TINY_CONFIG
+from helpers import INTEROP_MODEL, trained_like
+
+from ijepa.cli import IJEPACLI, main
+from ijepa.data import IJEPADataModule
+from ijepa.interop import to_official
+from ijepa.module import IJEPA
+
+pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
+
+
+def test_ijepa_fit_continues_pretraining_from_an_official_checkpoint(tmp_path):
+    official = to_official(trained_like())
+    torch.save(official, tmp_path / "official.pth.tar")
+    path = tmp_path / "official.ckpt"
+    heads = [
+        "--num_heads",
+        str(INTEROP_MODEL["num_heads"]),
+        "--predictor_num_heads",
+        str(INTEROP_MODEL["predictor_num_heads"]),
+    ]
+    main(["convert", str(tmp_path / "official.pth.tar"), str(path), "ckpt", *heads])
+    callback = (
+        '{"class_path": "ijepa.callbacks.PositionEmbeddingInterpolation", '
+        f'"init_args": {{"init_checkpoint": "{path}"}}}}'
+    )
+    args = ["fit", "--config", str(TINY_CONFIG), "--data.source.train_size=96", "--data.source.val_size=40"]
+    args += [f"--trainer.callbacks+={callback}", "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}"]
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
+    fitted = cli.trainer.lightning_module.state_dict()
+    # one optimizer step (and one EMA step) away from the official target encoder's weights
+    start = official["target_encoder"]["module.blocks.0.attn.qkv.weight"]
+    assert (fitted["target_encoder.transformer.blocks.0.attn.qkv.weight"] - start).abs().max() < 1e-2
+    assert cli.trainer.global_step == 1
