@@ -273,8 +273,8 @@ class IJEPA(L.LightningModule):
         if target_norm not in TARGET_NORMS:
             raise ValueError(f"target_norm must be one of {TARGET_NORMS}, got {target_norm!r}.")
         # Checkpoints keep plain values (they load under weights_only=True): each regulariser's
-        # config, which rebuilds it (a dict from a checkpoint is rebuilt here).
-        # copies: two models given one list must not share a projector
+        # config, which rebuilds it (a dict from a checkpoint is rebuilt here). Objects are
+        # copied: two models given one list must not share a projector.
         regularizers = [regularizer_from_config(copy.deepcopy(member)) for member in regularizers or ()]
         self.save_hyperparameters(ignore=["regularizers"])
         self.hparams["regularizers"] = [member.config() for member in regularizers]
