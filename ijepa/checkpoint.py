@@ -11,6 +11,11 @@
   image or patch size to a model built at another (each position encoding resizes its own
   tensors, patch kernels follow FlexiViT), and :func:`resize_optimizer_states` maps the AdamW
   moments of the resized parameters the same way, so ``fit`` can continue.
+* The model's checkpoint hooks as plain functions: the finite-weight guards
+  (:func:`refuse_to_save_non_finite`, :func:`refuse_to_load_non_finite`,
+  :func:`non_finite_update`, :func:`resume_advice`), the RNG state (:func:`rng_states`), and
+  :func:`adapt_checkpoint` / :func:`load_adapted`, which every path that loads weights at
+  another size calls.
 """
 
 from __future__ import annotations
