@@ -7,12 +7,14 @@ in [0, 1]; maps over the patch grid are ``[G_h, G_w]``, row-major (``i = r * G_w
 * :func:`patch_grid_image`: an image with its patch grid and patch indices drawn on it;
 * :func:`mask_overlay` / :func:`clip_mask_overlay`: context and target blocks tinted over images or clips;
 * :func:`cosine_similarity_grid`: ViT's Figure 7 for a position table;
+* :func:`line_chart`: panels of lines with error bars (the studies' figures);
 * :func:`to_png`: PNG bytes for a notebook or a file.
 """
 
 from __future__ import annotations
 
 import io
+import math
 
 import torch
 import torch.nn.functional as F
@@ -161,3 +163,84 @@ def cosine_similarity_grid(table: torch.Tensor, grid_height: int, grid_width: in
     tiles = F.pad(tiles, (0, pad, 0, pad))  # pad each tile's right and bottom
     image = tiles.permute(0, 2, 1, 3).reshape(grid_height * (grid_height + pad), grid_width * (grid_width + pad))
     return image[: image.size(0) - pad, : image.size(1) - pad].unsqueeze(0)
+
+
+# Line colours of line_chart (RGB 0-255), distinct on white.
+LINE_COLOURS = (
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+)
+
+
+def line_chart(
+    panels: list[tuple[str, dict[str, list[tuple[float, float, float]]]]],
+    x_label: str,
+    y_label: str,
+    x_ticks: list[float],
+    log_x: bool = True,
+    size: tuple[int, int] = (420, 320),
+) -> torch.Tensor:
+    """Side-by-side panels of lines with error bars -> ``[3, H, W]`` in [0, 1] (:func:`to_png` writes it).
+
+    ``panels``: ``(title, {line name: [(x, y, spread), ...]})``. The panels share the x ticks
+    ``x_ticks`` (log-scaled when ``log_x``) and one legend, in the lines' first-seen order; each
+    has its own y range. ``spread`` draws a bar ``y ± spread``."""
+    width, height = size
+    left, right, top, bottom = 52, 12, 26, 40
+    names = list(dict.fromkeys(name for _, lines in panels for name in lines))
+    legend_height = 16 * math.ceil(len(names) / 4) + 8
+    canvas_w, canvas_h = width * len(panels), height + legend_height
+    image = to_pil_image(torch.full((3, canvas_h, canvas_w), 255, dtype=torch.uint8))
+    draw = ImageDraw.Draw(image)
+    fx = (lambda x: math.log2(x)) if log_x else (lambda x: x)
+    x_low, x_high = fx(min(x_ticks)), fx(max(x_ticks))
+    x_span = (x_high - x_low) or 1.0
+
+    for p, (title, lines) in enumerate(panels):
+        ox = p * width
+        values = [(y - s, y + s) for points in lines.values() for _, y, s in points]
+        y_low, y_high = min(v[0] for v in values), max(v[1] for v in values)
+        pad = 0.05 * (y_high - y_low or 1.0)
+        y_low, y_high = y_low - pad, y_high + pad
+
+        def to_xy(x: float, y: float, ox=ox, y_low=y_low, y_high=y_high) -> tuple[float, float]:
+            px = ox + left + (fx(x) - x_low) / x_span * (width - left - right)
+            py = top + (y_high - y) / (y_high - y_low) * (height - top - bottom)
+            return px, py
+
+        draw.rectangle([ox + left, top, ox + width - right, height - bottom], outline=(0, 0, 0))
+        draw.text((ox + left, 6), f"{title} ({y_label})" if p == 0 else title, fill=(0, 0, 0))
+        for x in x_ticks:
+            px, _ = to_xy(x, y_low)
+            draw.line([px, height - bottom, px, height - bottom + 4], fill=(0, 0, 0))
+            draw.text((px - 8, height - bottom + 6), f"{x:g}", fill=(0, 0, 0))
+        for i in range(5):
+            y = y_low + (y_high - y_low) * i / 4
+            _, py = to_xy(x_ticks[0], y)
+            draw.line([ox + left - 4, py, ox + left, py], fill=(0, 0, 0))
+            draw.text((ox + 4, py - 6), f"{y:.1f}", fill=(0, 0, 0))
+        draw.text((ox + left + (width - left - right) // 2 - 30, height - 16), x_label, fill=(0, 0, 0))
+        for name, points in lines.items():
+            colour = LINE_COLOURS[names.index(name) % len(LINE_COLOURS)]
+            xy = [to_xy(x, y) for x, y, _ in sorted(points)]
+            if len(xy) > 1:
+                draw.line(xy, fill=colour, width=2)
+            for (x, y, s), (px, py) in zip(sorted(points), xy):
+                _, lo = to_xy(x, y - s)
+                _, hi = to_xy(x, y + s)
+                draw.line([px, lo, px, hi], fill=colour)
+                draw.ellipse([px - 2, py - 2, px + 2, py + 2], fill=colour)
+    for i, name in enumerate(names):
+        colour = LINE_COLOURS[i % len(LINE_COLOURS)]
+        lx, ly = 10 + (i % 4) * (canvas_w - 20) // 4, height + 4 + 16 * (i // 4)
+        draw.line([lx, ly + 6, lx + 18, ly + 6], fill=colour, width=3)
+        draw.text((lx + 24, ly), name, fill=(0, 0, 0))
+    return pil_to_tensor(image).float() / 255

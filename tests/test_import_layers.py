@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "ijepa.pictures",
     ),  # plain functions and modules
     ("ijepa.checkpoint", "ijepa.data", "ijepa.strategy"),  # checkpoint files; data; the fsdp2 strategy
+    ("ijepa.classifiers",),  # classifiers on frozen features: the probes' and ijepa eval's
     ("ijepa.module",),  # the LightningModule
     ("ijepa.interop",),  # other checkpoint formats, built on the module
     ("ijepa.callbacks",),

@@ -41,8 +41,8 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from ijepa.benchmark.baseline import SeedIJEPA, python_masks
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
-from ijepa.callbacks.knn import knn_scores
 from ijepa.callbacks.throughput import step_flops  # what ThroughputLogger logs during fit
+from ijepa.classifiers import knn_scores
 from ijepa.cli import instantiate
 from ijepa.data.batch import GridBatch
 from ijepa.data.collate import MaskCollator, masked_batch

@@ -33,8 +33,8 @@ from lightning.fabric import Fabric
 
 from ijepa.benchmark import time_calls
 from ijepa.cli import instantiate
+from ijepa.evaluation.context import encode
 from ijepa.evaluation.encoders import ViTEncoder
-from ijepa.evaluation.features import encode
 from ijepa.evaluation.protocols import AttentiveProtocol, HeadGridProtocol, LinearProtocol
 
 
@@ -55,14 +55,15 @@ def eval_config_protocols(path: str) -> tuple[dict, LinearProtocol, AttentivePro
 
 
 def grid_step(protocol: HeadGridProtocol, ctx, width: int, device: torch.device, batch, total: int):
-    """``step(i)``: one training step of ``protocol``'s grids (its own :class:`GridTrainer`, as
-    ``HeadGridProtocol.evaluate`` takes it), on ``batch(i) = (features, labels)``."""
-    trainer = protocol.trainer(ctx, width, total)
+    """``step(i)``: one training step of ``protocol``'s grids (its own
+    :class:`~ijepa.classifiers.HeadGridTrainer`, as ``HeadGridProtocol.evaluate`` takes it), on
+    ``batch(i) = (features, labels)``."""
+    grids, trainer = protocol.trainer(ctx, width, total)
 
     def step(i: int) -> None:
         trainer.step(*batch(i))
 
-    return step, len(trainer.grids) * len(protocol.points)
+    return step, len(grids) * len(protocol.points)
 
 
 def run(args: argparse.Namespace) -> dict:

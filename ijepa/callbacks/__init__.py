@@ -1,21 +1,21 @@
-"""Callbacks, each switchable in a config's ``trainer.callbacks``."""
+"""Callbacks, each switchable in a config's ``trainer.callbacks``. The probes' classifiers are
+:mod:`ijepa.classifiers`."""
 
-from ijepa.callbacks.attentive import AttentivePooler, AttentiveProbe, train_attentive_classifier
+from ijepa.callbacks.attentive import AttentiveProbe
 from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
 from ijepa.callbacks.collapse import CollapseMonitor, feature_std, rankme
 from ijepa.callbacks.ema import EMATargetUpdate, ema_update_
 from ijepa.callbacks.features import FeatureWriter
 from ijepa.callbacks.final_checkpoint import FinalCheckpoint
 from ijepa.callbacks.jepa_images import JEPAImages, position_loss_map
-from ijepa.callbacks.knn import KNNProbe, knn_scores
-from ijepa.callbacks.linear import LinearProbe, train_linear_classifier
+from ijepa.callbacks.knn import KNNProbe
+from ijepa.callbacks.linear import LinearProbe
 from ijepa.callbacks.position_images import PositionSimilarityImages
 from ijepa.callbacks.probe import Probe, extract_features
 from ijepa.callbacks.resolution import PositionEmbeddingInterpolation
 from ijepa.callbacks.throughput import ThroughputLogger, peak_flops, step_flops
 
 __all__ = [
-    "AttentivePooler",
     "AttentiveProbe",
     "CheckpointFolderCheck",
     "CollapseMonitor",
@@ -33,11 +33,8 @@ __all__ = [
     "ema_update_",
     "extract_features",
     "feature_std",
-    "knn_scores",
     "peak_flops",
     "position_loss_map",
     "rankme",
     "step_flops",
-    "train_attentive_classifier",
-    "train_linear_classifier",
 ]

@@ -1,36 +1,10 @@
-"""k-NN probe of frozen encoder features (cosine-weighted voting, as in DINO)."""
+"""k-NN probe of frozen encoder features (cosine-weighted voting, as in DINO): a schedule over\n:func:`ijepa.classifiers.knn_scores`, the vote of ``ijepa eval``'s ``KNNProtocol``."""
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torchmetrics.classification import MulticlassAccuracy
-
 from ijepa.callbacks.probe import Probe
+from ijepa.classifiers import knn_scores, top1
 from ijepa.nn.checks import check_range
-
-
-def knn_scores(
-    bank_features: torch.Tensor,
-    bank_labels: torch.Tensor,
-    query_features: torch.Tensor,
-    num_classes: int,
-    k: int = 20,
-    temperature: float = 0.07,
-    chunk_size: int = 1024,
-) -> torch.Tensor:
-    """Class scores ``[Q, C]`` of ``query_features [Q, D]`` from their ``k`` most cosine-similar
-    rows of ``bank_features [N, D]`` (labels ``[N]``), each voting ``exp(similarity / temperature)``."""
-    bank = F.normalize(bank_features.float(), dim=1)
-    queries = F.normalize(query_features.float(), dim=1)
-    k = min(k, bank.size(0))
-    scores = []
-    for chunk in queries.split(chunk_size):
-        similarity, neighbours = (chunk @ bank.T).topk(k, dim=1)
-        votes = torch.zeros(chunk.size(0), num_classes, device=chunk.device)
-        votes.scatter_add_(1, bank_labels[neighbours], (similarity / temperature).exp())
-        scores.append(votes)
-    return torch.cat(scores)
 
 
 class KNNProbe(Probe):
@@ -69,6 +43,4 @@ class KNNProbe(Probe):
         self.temperature = temperature
 
     def score(self, bank, bank_labels, queries, query_labels, num_classes: int) -> float:
-        scores = knn_scores(bank, bank_labels, queries, num_classes, self.k, self.temperature)
-        accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro").to(scores.device)
-        return float(accuracy(scores, query_labels))
+        return top1(knn_scores(bank, bank_labels, queries, num_classes, self.k, self.temperature), query_labels)

@@ -1,52 +1,15 @@
 """Linear probe of frozen encoder features: the standard measure for masked-prediction methods
-(k-NN alone misleads: MAE ViT-B is 46.0 linear but 11.2 k-NN on ImageNet)."""
+(k-NN alone misleads: MAE ViT-B is 46.0 linear but 11.2 k-NN on ImageNet). A schedule over
+:func:`ijepa.classifiers.fit_logistic`, the classifier of ``ijepa eval``'s ``LogRegProtocol``."""
 
 from __future__ import annotations
 
 import lightning as L
 import torch
-import torch.nn.functional as F
-from torchmetrics.classification import MulticlassAccuracy
 
 from ijepa.callbacks.probe import Probe
+from ijepa.classifiers import fit_logistic, top1
 from ijepa.nn.checks import check_range
-
-
-def train_linear_classifier(
-    features: torch.Tensor, labels: torch.Tensor, num_classes: int, weight_decay: float = 1e-4, max_iter: int = 200
-) -> torch.nn.Linear:
-    """A linear classifier ``[N, D] -> [N, C]`` fitted in memory on standardised features.
-
-    Full-batch L-BFGS on cross-entropy plus ``weight_decay * |W|^2`` (convex, so the result does
-    not depend on a learning rate or an epoch count). The returned layer includes the
-    standardisation, so it applies to raw features.
-    """
-    with torch.inference_mode(False), torch.enable_grad():  # validate/test run under inference mode
-        return _fit(features.float().clone(), labels.clone(), num_classes, weight_decay, max_iter)
-
-
-def _fit(
-    features: torch.Tensor, labels: torch.Tensor, num_classes: int, weight_decay: float, max_iter: int
-) -> torch.nn.Linear:
-    mean, std = features.mean(0), features.std(0).clamp_min(1e-6)
-    x = (features - mean) / std
-    linear = torch.nn.Linear(x.size(1), num_classes).to(x.device)
-    torch.nn.init.zeros_(linear.weight)
-    torch.nn.init.zeros_(linear.bias)
-    optimizer = torch.optim.LBFGS(linear.parameters(), lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
-
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(linear(x), labels) + weight_decay * linear.weight.square().sum()
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    with torch.no_grad():  # fold the standardisation into the layer: W (x - m) / s + b
-        weight = linear.weight / std
-        linear.bias -= (weight * mean).sum(1)
-        linear.weight.copy_(weight)
-    return linear
 
 
 class LinearProbe(Probe):
@@ -62,7 +25,8 @@ class LinearProbe(Probe):
             is a multiple of this (training epochs, not validations).
         encoder: ``target`` (default) or ``online``.
         probe_at_start: also probe the random-init encoder when ``fit`` starts.
-        weight_decay: L2 penalty of the classifier.
+        weight_decay: L2 penalty on the mean loss, ``mean CE + weight_decay * |W|^2`` (scikit-learn's
+            ``C`` is ``1 / (2 * weight_decay * N)`` for a bank of ``N`` images).
         max_iter: L-BFGS iterations.
         last_blocks: probe on the concatenated mean-pooled outputs of the encoder's last this
             many blocks (each through the final norm); 1 is the last block alone.
@@ -99,8 +63,6 @@ class LinearProbe(Probe):
         return {"last_blocks": self.last_blocks}
 
     def score(self, bank, bank_labels, queries, query_labels, num_classes: int) -> float:
-        classifier = train_linear_classifier(bank, bank_labels, num_classes, self.weight_decay, self.max_iter)
+        classifier = fit_logistic(bank, bank_labels, num_classes, self.weight_decay, self.max_iter)
         with torch.no_grad():
-            logits = classifier(queries.float())
-        accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro").to(logits.device)
-        return float(accuracy(logits, query_labels))
+            return top1(classifier(queries.float()), query_labels)

@@ -1,8 +1,10 @@
 """What every probe shares: feature extraction from frozen encoders, and the schedule.
 
-:func:`extract_features` encodes a labelled split once (sharded over DDP ranks and gathered back,
-kept until the weights change, so the probes of one validation share it); studies and notebooks
-call it with ``trainer=None``. :class:`Probe` owns when a probe runs (at the start of ``fit``,
+The classifiers themselves are :mod:`ijepa.classifiers`, the same code ``ijepa eval``'s protocols
+use; a probe is a schedule over one of them. :func:`extract_features` encodes a labelled split
+once (:func:`ijepa.classifiers.extract_features`: sharded over DDP ranks and gathered back; kept
+until the weights change, so the probes of one validation share it); studies and notebooks call
+it with ``trainer=None``. :class:`Probe` owns when a probe runs (at the start of ``fit``,
 at validations, at the end of ``fit`` if the last step was not probed, in ``validate`` and
 ``test``), what it logs and prints, and its standing down on unlabelled data; a probe implements
 :meth:`Probe.score` on the features of the bank and the queries.
@@ -10,7 +12,6 @@ at validations, at the end of ``fit`` if the last step was not probed, in ``vali
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 
 import lightning as L
@@ -19,31 +20,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
+from ijepa.classifiers import extract_features as extract_split
+from ijepa.data.batch import LabeledBatch
 from ijepa.nn.checks import check_range
 from ijepa.nn.sharding import tensor_sums
 
 ENCODERS = ("target", "online")
-
-
-def _shard(loader: DataLoader, rank: int, world: int) -> DataLoader:
-    """This rank's share of an evaluation loader: images ``rank, rank + world, ...``, padded with
-    the last image so every rank runs the same number of batches (the padding is dropped later)."""
-    size = len(loader.dataset)
-    per_rank = math.ceil(size / world)
-    indices = [min(j * world + rank, size - 1) for j in range(per_rank)]
-    return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=indices,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-    )
-
-
-def _unshard(gathered: torch.Tensor, size: int) -> torch.Tensor:
-    """``[world, per_rank, ...]`` from :func:`_shard`'s loaders -> ``[size, ...]`` in dataset order."""
-    return gathered.transpose(0, 1).flatten(0, 1)[:size]
 
 
 def _weights_key(trainer: L.Trainer | None, pl_module: L.LightningModule, encoder: str) -> tuple:
@@ -98,29 +80,28 @@ def _extract_features(
     tokens: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-    if world > 1:
-        loader = _shard(loader, rank, world)
-    features, labels = [], []
-    precision = trainer.precision_plugin.forward_context() if trainer is not None else nullcontext()
-    with precision:
-        for batch in loader:
-            images = batch.images.to(pl_module.device, non_blocking=True)
-            times = batch.frame_times
-            times = None if times is None else times.to(pl_module.device, non_blocking=True)
+    precision = trainer.precision_plugin.forward_context if trainer is not None else nullcontext
+
+    def encode(batch: LabeledBatch) -> torch.Tensor:
+        with precision():
             if tokens:
-                features.append(pl_module.token_features(images, encoder, frame_times=times).float())
-            else:
-                features.append(pl_module.features(images, encoder, last_blocks, frame_times=times).float())
-            labels.append(batch.labels.to(pl_module.device))
-    features, labels = torch.cat(features), torch.cat(labels)
-    if world > 1:
-        size = len(loader.dataset)
-        features = _unshard(pl_module.all_gather(features), size)
-        labels = _unshard(pl_module.all_gather(labels), size)
-    keep = labels >= 0  # unlabelled images never enter a probe
-    if not keep.any():
-        raise ValueError("the probe's loader yielded no labelled images (labels >= 0).")
-    return features[keep], labels[keep]
+                return pl_module.token_features(batch.images, encoder, frame_times=batch.frame_times)
+            return pl_module.features(batch.images, encoder, last_blocks, frame_times=batch.frame_times)
+
+    found = extract_split(
+        loader.dataset,
+        encode,
+        pl_module.device,
+        batch_size=loader.batch_size,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        rank=rank,
+        world=world,
+        all_gather=pl_module.all_gather,
+        pin_memory=loader.pin_memory,
+        what="the probe's loader",
+    )
+    return found.features, found.labels
 
 
 class Probe(Callback):

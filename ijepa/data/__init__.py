@@ -6,7 +6,7 @@ import importlib
 # the exporters of ijepa.interop) does not import Lightning and torchvision with the DataModule.
 _MODULES = {
     "IJEPADataModule": "datamodule",
-    "labeled_collate": "datamodule",
+    "labeled_collate": "collate",
     **dict.fromkeys(
         (
             "DataSource",

@@ -35,6 +35,10 @@ class Record:
         """The same record with every tensor in page-locked memory."""
         return apply_to_collection(self, torch.Tensor, torch.Tensor.pin_memory)
 
+    def to(self, device: torch.device | str):
+        """The same record with every tensor on ``device`` (outside a Lightning loop)."""
+        return apply_to_collection(self, torch.Tensor, lambda tensor: tensor.to(device, non_blocking=True))
+
     def __len__(self) -> int:
         """The number of images (or clips)."""
         return self.images.size(0)

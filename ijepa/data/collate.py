@@ -50,7 +50,7 @@ class MaskCollator:
 
     def __call__(self, samples: list) -> GridBatch:
         samples, generator = split_seeds(samples)
-        labeled = collate_samples(samples)
+        labeled = labeled_collate(samples)
         sampler, patch_size = self.sampler, None
         if self.patch_samplers is not None:
             sizes = list(self.patch_samplers)
@@ -97,10 +97,14 @@ def masked_batch(
     return GridBatch(images, context_indices, target_indices, labels, **masks)
 
 
-def collate_samples(samples: list) -> LabeledBatch:
+def labeled_collate(samples: list) -> LabeledBatch:
     """Stack ``(image, label)`` or ``(clip, label[, frame_times])`` samples into a
-    :class:`LabeledBatch` (clips: a :class:`LabeledClipBatch`)."""
+    :class:`LabeledBatch` (clips: a :class:`LabeledClipBatch`): the labelled collate of the
+    probes' loaders and of ``ijepa eval``."""
     columns = default_collate(samples)
     if columns[0].dim() == 5:
-        return LabeledClipBatch(*columns[:3])
+        # a third column of [B, T] floats is the frame times; anything else after the label (the
+        # per-sample seed SeededSamples appends, [B]) is dropped
+        times = columns[2] if len(columns) > 2 and columns[2].dim() == 2 else None
+        return LabeledClipBatch(columns[0], columns[1], times)
     return LabeledBatch(*columns[:2])

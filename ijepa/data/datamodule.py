@@ -11,8 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from ijepa.data.batch import LabeledBatch
-from ijepa.data.collate import MaskCollator, collate_samples
+from ijepa.data.collate import MaskCollator, labeled_collate
 from ijepa.data.native import NativeSizeCrop, PackedMaskCollator
 from ijepa.data.sampling import (
     EpochSampler,
@@ -21,17 +20,10 @@ from ijepa.data.sampling import (
     mix_seed,
 )
 from ijepa.data.sources import DataSource, SplitSettings, STL10Source
-from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ResizeCentreCrop, ToNormalizedFloat
+from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ResizeCentreCrop, ToNormalizedFloat, eval_transform
 from ijepa.masks import MultiBlockMaskSampler, SpatioTemporalMaskSampler
 from ijepa.nn.checks import check_range
 from ijepa.nn.patch import grid_size
-
-
-def labeled_collate(samples: list) -> LabeledBatch:
-    """Stack ``(image, label)`` samples into a :class:`~ijepa.data.batch.LabeledBatch`, ``images
-    [B, C, H, W]`` and ``labels [B]``; clips give a :class:`~ijepa.data.batch.LabeledClipBatch`,
-    ``images [B, C, T, H, W]`` and, with times, ``frame_times [B, T]``."""
-    return collate_samples(samples)
 
 
 class IJEPADataModule(L.LightningDataModule):
@@ -261,8 +253,9 @@ class IJEPADataModule(L.LightningDataModule):
         return v2.Compose(steps + self._to_float())
 
     def eval_transform(self) -> v2.Transform:
-        """Deterministic resize + centre crop to ``image_size``, then normalise."""
-        return v2.Compose([v2.ToImage(), *self._resize_centre_crop(), *self._to_float()])
+        """Deterministic resize + centre crop to ``image_size``, then normalise
+        (:func:`ijepa.data.transforms.eval_transform`, which ``ijepa eval`` uses too)."""
+        return eval_transform(self.hparams.image_size)
 
     def _resize_centre_crop(self) -> list:
         return [ResizeCentreCrop(self.hparams.image_size)]

@@ -1,4 +1,4 @@
-"""Pixel normalisation shared by every data source and by the pictures that undo it."""
+"""Pixel normalisation shared by every data source and by the pictures that undo it, and the\nevaluation transform."""
 
 from __future__ import annotations
 
@@ -62,6 +62,13 @@ class ResizeCentreCrop:
 
     def __repr__(self) -> str:
         return f"ResizeCentreCrop(size={self.size})"
+
+
+def eval_transform(size: int) -> v2.Compose:
+    """The deterministic evaluation transform of the probes, ``predict`` and ``ijepa eval``: resize
+    the short side to ``size``, centre crop, ImageNet-normalise; ``uint8`` or PIL image ->
+    ``float32 [3, size, size]``."""
+    return v2.Compose([v2.ToImage(), ResizeCentreCrop(size), ToNormalizedFloat(IMAGENET_MEAN, IMAGENET_STD)])
 
 
 def unnormalize(images: torch.Tensor) -> torch.Tensor:

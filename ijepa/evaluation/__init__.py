@@ -2,7 +2,8 @@
 
 Protocols (each chosen by ``class_path``, :mod:`ijepa.evaluation.protocols`): a grid of linear
 heads, V-JEPA's attentive probe, a logistic-regression sweep, k-NN, and low-shot. Features are
-cached per checkpoint (:mod:`ijepa.evaluation.features`); :class:`Evaluation` runs them.
+cached per checkpoint (:mod:`ijepa.evaluation.cache`); :class:`Evaluation` runs them. The
+classifiers are :mod:`ijepa.classifiers`, the same code as the in-fit probes.
 """
 
 from ijepa.evaluation.data import EvalData

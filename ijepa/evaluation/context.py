@@ -16,14 +16,36 @@ import torch
 from lightning.fabric import Fabric
 from torch.utils.data import DataLoader, Subset
 
+from ijepa.classifiers import extract_features, gather_in_order
+from ijepa.data.batch import LabeledBatch
+from ijepa.data.collate import labeled_collate
 from ijepa.data.sampling import EpochSampler, SeededSamples, mix_seed
-from ijepa.evaluation.data import EvalData, image_label_collate
+from ijepa.evaluation.cache import KINDS, FeatureCache
+from ijepa.evaluation.data import EvalData
 from ijepa.evaluation.encoders import FrozenEncoder
-from ijepa.evaluation.features import FeatureCache, encode, extract, gather_batches
 from ijepa.evaluation.splits import validation_split
 
-# mix_seed ignores trailing zeros: a tag per stream keeps the draws of one seed apart
-AUGMENT_STREAM, ORDER_STREAM = 1, 2
+# mix_seed ignores trailing zeros: a tag per stream keeps the draws of one seed apart (the batch
+# order of cached features is ijepa.classifiers.heads.ORDER_STREAM, 2)
+AUGMENT_STREAM = 1
+
+
+def encode(
+    fabric: Fabric,
+    encoder: FrozenEncoder,
+    images: torch.Tensor,
+    kind: str,
+    last_blocks: int = 1,
+    frame_times: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One batch through the frozen encoder, under the run's precision, as float32: ``[B, last_blocks, D]``
+    block means (``blocks``) or ``[B, K, D]`` tokens (``tokens``). Clips come with their ``frame_times``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+    times = {} if frame_times is None else {"frame_times": frame_times}
+    with torch.no_grad(), fabric.autocast():
+        out = encoder.tokens(images, **times) if kind == "tokens" else encoder.block_means(images, last_blocks, **times)
+    return out.float()
 
 
 @dataclass
@@ -49,12 +71,30 @@ class EvalContext:
         entry = self._entry(split, kind, last_blocks)
         return entry["features"], entry["labels"]
 
+    def extract(self, dataset, kind: str, last_blocks: int) -> dict[str, torch.Tensor]:
+        """``{"features", "labels", "positions"}`` of every labelled item of ``dataset``, on the CPU
+        (:func:`ijepa.classifiers.extract_features`, sharded over the processes)."""
+        fabric = self.fabric
+
+        def encode_batch(batch: LabeledBatch) -> torch.Tensor:
+            return encode(fabric, self.encoder, batch.images, kind, last_blocks, batch.frame_times)
+
+        found = extract_features(
+            dataset,
+            encode_batch,
+            fabric.device,
+            batch_size=max(1, self.data.batch_size // fabric.world_size),
+            num_workers=self.data.num_workers,
+            rank=fabric.global_rank,
+            world=fabric.world_size,
+            all_gather=fabric.all_gather,
+            what="data.source",
+        )
+        return {name: value.cpu() for name, value in found._asdict().items()}
+
     def _entry(self, split: str, kind: str, last_blocks: int) -> dict:
         def make():
-            dataset = self.data.dataset(split, self.size)
-            return extract(
-                self.fabric, self.encoder, dataset, self.data.batch_size, self.data.num_workers, kind, last_blocks
-            )
+            return self.extract(self.data.dataset(split, self.size), kind, last_blocks)
 
         if self.data.num_classes is None:
             self.data.dataset(split, self.size)  # reads num_classes (and fails early on unlabelled data)
@@ -84,10 +124,7 @@ class EvalContext:
         positions = self._entry("train", "blocks", 1)["positions"][self.val_idx].tolist()
 
         def make():
-            dataset = Subset(self.data.dataset("train", self.size), positions)
-            return extract(
-                self.fabric, self.encoder, dataset, self.data.batch_size, self.data.num_workers, kind, last_blocks
-            )
+            return self.extract(Subset(self.data.dataset("train", self.size), positions), kind, last_blocks)
 
         split = f"val-{self.data.val_fraction}-{self.seed}"  # the validation part depends on both
         entry = self.cache.get(self.fabric, split, kind, last_blocks, make)
@@ -110,17 +147,6 @@ class EvalContext:
                 f"({len(self.train_idx)} images)."
             )
         return steps
-
-    def cached_batches(
-        self, epoch: int, batch_size: int, x: torch.Tensor, y: torch.Tensor
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Shuffled global batches of cached features (the same on every process); the last,
-        partial batch is dropped."""
-        generator = torch.Generator().manual_seed(mix_seed(self.seed, ORDER_STREAM, epoch))
-        order = torch.randperm(len(y), generator=generator)
-        for step in range(self.steps_per_epoch(batch_size)):
-            rows = order[step * batch_size : (step + 1) * batch_size]
-            yield x[rows], y[rows]
 
     def augmented_batches(
         self, epoch: int, batch_size: int, kind: str, last_blocks: int
@@ -150,15 +176,18 @@ class EvalContext:
             batch_size=local,
             sampler=sampler,
             num_workers=self.data.num_workers,
-            collate_fn=image_label_collate,
+            collate_fn=labeled_collate,
             drop_last=True,
         )
         for batch in loader:
-            features = encode(fabric, self.encoder, batch.images.to(fabric.device), kind, last_blocks)
-            labels = batch.labels.to(fabric.device)
+            batch = batch.to(fabric.device)
+            features = encode(fabric, self.encoder, batch.images, kind, last_blocks, batch.frame_times)
             if kind == "blocks":
                 features = features.flatten(1)
-            yield gather_batches(fabric, features), gather_batches(fabric, labels)
+            yield (
+                gather_in_order(features, fabric.all_gather, world),
+                gather_in_order(batch.labels, fabric.all_gather, world),
+            )
 
     def warn(self, message: str) -> None:
         """A warning on rank zero (stderr), kept for the results file."""

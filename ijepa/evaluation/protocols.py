@@ -15,25 +15,23 @@ import abc
 import itertools
 import math
 import time
+from pathlib import Path
 
 import torch
 
-from ijepa.evaluation.classical import knn_sweep, logreg_sweep
-from ijepa.evaluation.context import EvalContext
-from ijepa.evaluation.heads import (
+from ijepa.classifiers import (
     AttentiveHeadGrid,
+    HeadGridTrainer,
     LinearHeadGrid,
-    cosine_schedule,
-    grid_accuracy,
-    grid_loss,
-    grid_optimizer,
+    feature_batches,
+    grid_scores,
+    knn_sweep,
+    logreg_sweep,
+    top1,
 )
-from ijepa.evaluation.splits import low_shot_indices
+from ijepa.evaluation.context import EvalContext
+from ijepa.evaluation.splits import item_names, low_shot_indices, named_indices, read_subset_file
 from ijepa.nn.checks import check_range
-
-
-def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    return float((logits.argmax(-1) == labels).float().mean())
 
 
 def _check_grid(values: list, name: str, low: float, low_open: bool = False) -> list[float]:
@@ -140,10 +138,7 @@ class KNNProtocol(Protocol):
         device = ctx.fabric.device
         bank, bank_labels = x_train.to(device), y_train.to(device)
         val_scores = knn_sweep(bank, bank_labels, x_val.to(device), ctx.num_classes, self.ks, self.temperature)
-        heads = [
-            {"name": f"k={k}", "settings": {"k": k}, "val_top1": accuracy(val_scores[k], y_val.to(device))}
-            for k in self.ks
-        ]
+        heads = [{"name": f"k={k}", "settings": {"k": k}, "val_top1": top1(val_scores[k], y_val)} for k in self.ks]
         best = select(heads)
         x_test, y_test = ctx.features("test", "blocks", 1)
         k = best["settings"]["k"]
@@ -152,7 +147,7 @@ class KNNProtocol(Protocol):
             "heads": heads,
             "selected": best["name"],
             "val_top1": best["val_top1"],
-            "test_top1": accuracy(test, y_test.to(device)),
+            "test_top1": top1(test, y_test),
         }
 
 
@@ -201,7 +196,7 @@ class LogRegProtocol(Protocol):
         classifier = fits[heads.index(best)]["classifier"]
         x_test, y_test = ctx.features("test", "blocks", self.last_blocks)
         with torch.no_grad():
-            test = accuracy(classifier(x_test.to(device).to(classifier.weight.dtype)), y_test.to(device))
+            test = top1(classifier(x_test.to(device).to(classifier.weight.dtype)), y_test)
         return heads, best, test
 
     def evaluate(self, ctx: EvalContext) -> dict:
@@ -215,6 +210,16 @@ class LowShotProtocol(Protocol):
     (1% and 10%, as I-JEPA's low-shot ImageNet) and ``shots`` images per class, each over ``tries``
     seeded draws: the mean and standard deviation of the test scores.
 
+    ``subset_files`` fit on a fixed list of images instead of a draw (the 1% ImageNet list of
+    SimCLR / MSN / I-JEPA): one setting per file, named by its stem, fitted once. A line names an
+    item of the train split by its path relative to the split's root
+    (``n01440764/n01440764_10026.JPEG``), by its file name (``n01440764_10026.JPEG``), or, for
+    data without files (generated shapes), by its index. A listed image that falls in the
+    validation part is fitted on all the same (the paper's subset, whole) and leaves the
+    validation part for that setting: ``C`` is selected on the other validation images, so the
+    images a head is fitted on and the images that select it stay disjoint. The results record
+    the file's path and SHA-256, its images and how many left validation (``left_validation``).
+
     Args:
         fractions: shares of each class's training images (at least one image per class).
         shots: images per class; each at most the smallest class's training images.
@@ -222,6 +227,7 @@ class LowShotProtocol(Protocol):
         Cs: the ``C`` sweep of each fit.
         max_iter: L-BFGS iterations per fit.
         last_blocks: as :class:`LogRegProtocol`.
+        subset_files: files of image names, one a line (blank lines and ``#`` comments ignored).
         name: the results' name (default ``low_shot``).
     """
 
@@ -235,6 +241,7 @@ class LowShotProtocol(Protocol):
         Cs: list[float] = tuple(10.0**e for e in range(-4, 5)),
         max_iter: int = 1000,
         last_blocks: int = 1,
+        subset_files: list[str] = (),
         name: str | None = None,
     ):
         super().__init__(name)
@@ -242,14 +249,52 @@ class LowShotProtocol(Protocol):
         for fraction in self.fractions:
             check_range(fraction, "fractions", 0, 1, low_open=True)
         self.shots = _check_counts(list(shots), "shots") if shots else []
-        if not self.fractions and not self.shots:
-            raise ValueError("fractions and shots are both empty: a low-shot evaluation needs at least one setting.")
+        self.subset_files = [str(path) for path in subset_files]
+        if not self.fractions and not self.shots and not self.subset_files:
+            raise ValueError(
+                "fractions, shots and subset_files are all empty: a low-shot evaluation needs at least one setting."
+            )
+        # Read now, not after minutes of feature extraction: a missing or empty file fails first.
+        self._subsets = {path: read_subset_file(path) for path in self.subset_files}
+        stems = [Path(path).stem for path in self.subset_files]
+        repeated = sorted({stem for stem in stems if stems.count(stem) > 1})
+        if repeated:
+            raise ValueError(
+                f"subset_files: each file names its setting by its stem; {repeated} name more than one: rename them."
+            )
         check_range(tries, "tries", 1)
         self.tries = tries
         self.Cs = _check_grid(list(Cs), "Cs", 0, low_open=True)
         check_range(max_iter, "max_iter", 1)
         check_range(last_blocks, "last_blocks", 1)
         self.max_iter, self.last_blocks = max_iter, last_blocks
+
+    def subset_from_file(self, ctx: EvalContext, path: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """``(rows [M], val_rows [V], record)``: the rows of the train split's features that the
+        subset file ``path`` names, the rows of the validation part without them (they select
+        ``C``), and what the results record of the file. ValueError naming the file for a name
+        that matches no labelled item of the train split, or a subset that empties validation."""
+        names, sha256 = self._subsets[path]
+        # positions: each feature row's index in the train dataset (unlabelled items have no row)
+        positions = ctx._entry("train", "blocks", self.last_blocks)["positions"]
+        dataset_names = item_names(ctx.data.dataset("train", ctx.size))
+        rows = named_indices([dataset_names[p] for p in positions.tolist()], names, f"subset file {Path(path).name}")
+        in_subset = torch.zeros(len(positions), dtype=torch.bool)
+        in_subset[rows] = True
+        val_rows = ctx.val_idx[~in_subset[ctx.val_idx]]
+        if len(val_rows) == 0:
+            raise ValueError(
+                f"subset file {Path(path).name} names every image of the validation part ({len(ctx.val_idx)} images): "
+                "none is left to select C; list fewer images or raise data.val_fraction."
+            )
+        record = {
+            "subset_file": path,
+            "sha256": sha256,
+            "images": len(rows),
+            "left_validation": len(ctx.val_idx) - len(val_rows),
+            "val_images": len(val_rows),
+        }
+        return rows, val_rows, record
 
     def evaluate(self, ctx: EvalContext) -> dict:
         x_all, y_all = ctx.features("train", "blocks", self.last_blocks)
@@ -259,6 +304,7 @@ class LowShotProtocol(Protocol):
         settings += [("shots", s, f"{s}-shot") for s in self.shots]
         for key, value, _ in settings:  # every subset is checked before the first fit
             low_shot_indices(y_all, ctx.train_idx, **{key: value}, seed=ctx.seed, trial=0)
+        files = {path: self.subset_from_file(ctx, path) for path in self.subset_files}
         results = []
         for key, value, label in settings:
             tests, selected, sizes = [], [], []
@@ -282,29 +328,21 @@ class LowShotProtocol(Protocol):
                 }
             )
             ctx.log({f"{self.name}/{label}/test_top1": mean})
+        for path, (rows, val_rows, record) in files.items():  # a fixed subset: one fit, no tries
+            label = Path(path).stem
+            _, best, test = inner.fit_select_test(ctx, x_all[rows], y_all[rows], x_all[val_rows], y_all[val_rows])
+            results.append(
+                {
+                    "name": label,
+                    **record,
+                    "test_top1": [test],
+                    "mean": test,
+                    "std": 0.0,
+                    "selected_C": [best["settings"]["C"]],
+                }
+            )
+            ctx.log({f"{self.name}/{label}/test_top1": test})
         return {"heads": [], "selected": None, "val_top1": None, "test_top1": None, "settings_results": results}
-
-
-class GridTrainer:
-    """A protocol's grids (``(label, settings, grid)``), each with its optimiser (one parameter
-    group per head) and cosine schedule; :meth:`step` trains every head on one batch of features."""
-
-    def __init__(self, protocol: HeadGridProtocol, grids: list, total_steps: int, warmup_steps: int = 0):
-        self.protocol, self.grids = protocol, grids
-        lrs, wds = [p[0] for p in protocol.points], [p[1] for p in protocol.points]
-        self.optimizers = [grid_optimizer(grid, lrs, wds, kind=protocol.optimizer) for _, _, grid in grids]
-        self.schedules = [cosine_schedule(o, total_steps, warmup_steps) for o in self.optimizers]
-
-    def step(self, features: torch.Tensor, labels: torch.Tensor) -> float:
-        """One step of every head on ``features`` (the whole global batch) -> the summed loss."""
-        loss = sum(grid_loss(grid(self.protocol.grid_input(s, features)), labels) for _, s, grid in self.grids)
-        for optimizer in self.optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        for optimizer, schedule in zip(self.optimizers, self.schedules):
-            optimizer.step()
-            schedule.step()
-        return float(loss.detach())
 
 
 class HeadGridProtocol(Protocol):
@@ -357,10 +395,18 @@ class HeadGridProtocol(Protocol):
     def grid_input(self, settings: dict, features: torch.Tensor) -> torch.Tensor:
         """The part of a batch's features ``grid`` reads."""
 
-    def trainer(self, ctx: EvalContext, width: int, total_steps: int, warmup_steps: int = 0) -> GridTrainer:
-        """The grids on the context's device with their optimisers and schedules."""
+    def trainer(
+        self, ctx: EvalContext, width: int, total_steps: int, warmup_steps: int = 0
+    ) -> tuple[list[tuple[str, dict, torch.nn.Module]], HeadGridTrainer]:
+        """The grids on the context's device, and their trainer (optimisers and schedules)."""
         grids = [(label, settings, grid.to(ctx.fabric.device)) for label, settings, grid in self.grids(ctx, width)]
-        return GridTrainer(self, grids, total_steps, warmup_steps)
+        lrs, wds = [p[0] for p in self.points], [p[1] for p in self.points]
+        readers = [(grid, self.reader(settings)) for _, settings, grid in grids]
+        return grids, HeadGridTrainer(readers, lrs, wds, self.optimizer, total_steps, warmup_steps)
+
+    def reader(self, settings: dict):
+        """``features -> grid input`` of the grid with ``settings`` (:meth:`grid_input`)."""
+        return lambda features: self.grid_input(settings, features)
 
     def evaluate(self, ctx: EvalContext) -> dict:
         fabric, kind, blocks = ctx.fabric, self.feature_kind, self.blocks_needed
@@ -373,24 +419,22 @@ class HeadGridProtocol(Protocol):
         width = x_val.size(-1) // (blocks if kind == "blocks" else 1)
         steps_per_epoch = ctx.steps_per_epoch(batch_size)
         total = self.epochs * steps_per_epoch
-        trainer = self.trainer(ctx, width, total, round(self.warmup_epochs * steps_per_epoch))
-        grids = trainer.grids
-        step = 0
-        for epoch in range(self.epochs):
+        grids, trainer = self.trainer(ctx, width, total, round(self.warmup_epochs * steps_per_epoch))
+        if self.augment:
             batches = (
-                ctx.augmented_batches(epoch, batch_size, kind, blocks)
-                if self.augment
-                else ctx.cached_batches(epoch, batch_size, x_train, y_train)
+                b for epoch in range(self.epochs) for b in ctx.augmented_batches(epoch, batch_size, kind, blocks)
             )
-            for features, labels in batches:
-                loss = trainer.step(features.to(fabric.device), labels.to(fabric.device))
-                step += 1
-                if step % 10 == 0 or step == total:
-                    ctx.log({f"{self.name}/train_loss": loss / (len(grids) * len(self.points))}, step)
+        else:
+            batches = feature_batches(x_train, y_train, batch_size, ctx.seed, total)
+        for step, (features, labels) in enumerate(batches, 1):
+            loss = trainer.step(features.to(fabric.device), labels.to(fabric.device))
+            if step % 10 == 0 or step == total:
+                ctx.log({f"{self.name}/train_loss": loss / (len(grids) * len(self.points))}, step)
+        step = total
         heads, classifiers = [], []
         for label, settings, grid in grids:
             grid.eval()
-            scores = self._scores(grid, settings, x_val, y_val, fabric.device, batch_size)
+            scores = grid_scores(grid, x_val, y_val, batch_size, self.reader(settings))
             for (lr, wd), score in zip(self.points, scores):
                 name = f"{label}lr={lr:g},wd={wd:g}"
                 heads.append({"name": name, "settings": {**settings, "lr": lr, "weight_decay": wd}, "val_top1": score})
@@ -399,7 +443,7 @@ class HeadGridProtocol(Protocol):
         best = select(heads)
         grid, settings, index = classifiers[heads.index(best)]
         x_test, y_test = ctx.features("test", kind, blocks)
-        test = self._scores(grid, settings, x_test, y_test, fabric.device, batch_size)[index]
+        test = grid_scores(grid, x_test, y_test, batch_size, self.reader(settings))[index]
         return {
             "heads": heads,
             "selected": best["name"],
@@ -407,14 +451,6 @@ class HeadGridProtocol(Protocol):
             "test_top1": test,
             "steps": total,
         }
-
-    @torch.no_grad()
-    def _scores(self, grid, settings, x, y, device, batch_size) -> list[float]:
-        correct = torch.zeros(len(self.points), device=device)
-        for xs, ys in zip(x.split(batch_size), y.split(batch_size)):
-            ys = ys.to(device)
-            correct += grid_accuracy(grid(self.grid_input(settings, xs.to(device))), ys) * ys.numel()
-        return (correct / y.numel()).tolist()
 
 
 class LinearProtocol(HeadGridProtocol):
@@ -521,7 +557,13 @@ class AttentiveProtocol(HeadGridProtocol):
 
     def grids(self, ctx: EvalContext, width: int):
         if width % self.num_heads:
-            raise ValueError(f"num_heads must divide the token width {width}, got {self.num_heads}.")
+            divisors = [d for d in range(1, width + 1) if width % d == 0]
+            # a wide encoder has many divisors: the line names the (at most 12) nearest the value asked for
+            near = sorted(sorted(divisors, key=lambda d: (abs(d - self.num_heads), d))[:12])
+            raise ValueError(
+                f"num_heads={self.num_heads} must divide the encoder width {width}: try one of "
+                f"{', '.join(map(str, near))}."
+            )
         grid = AttentiveHeadGrid(
             width,
             ctx.num_classes,

@@ -6,6 +6,11 @@ results file per protocol.
 Processes, devices and precision come from Lightning Fabric (``--devices 2 --strategy ddp``,
 ``--precision bf16-mixed``); under DDP every process encodes its share of each batch and every
 process trains the same heads on the gathered batch, so the scores equal a one-process run's.
+
+``--data.image_size`` / ``--data.patch_size`` / ``--data.num_frames`` other than the checkpoint's
+evaluate its encoder adapted as ``ijepa validate --data.image_size ...`` adapts it; each results
+file's ``adapted`` entry says from what to what and which tensors changed (null: not adapted).
+Clip checkpoints are evaluated on clip sources, with the sources' frame times.
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ from pathlib import Path
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import TensorBoardLogger
 
+from ijepa.evaluation.cache import FeatureCache
 from ijepa.evaluation.context import EvalContext
 from ijepa.evaluation.data import EvalData
-from ijepa.evaluation.encoders import PIXELS, open_encoder
-from ijepa.evaluation.features import FeatureCache
+from ijepa.evaluation.encoders import PIXELS, FrozenEncoder, open_encoder
 from ijepa.evaluation.protocols import Protocol
 from ijepa.interop.encoder import save_json
-from ijepa.option_errors import IJEPAArgumentParser
+from ijepa.option_errors import IJEPAArgumentParser, innermost_error
 
 RESULTS_VERSION = 1
 
@@ -54,6 +59,7 @@ class Evaluation:
             null: ``<output_dir>/features``.
         cache: false extracts every feature afresh and writes none.
         pixel_patch_size: patch side of the pixel baseline's tokens (attentive probe).
+        pixel_tubelet_size: frames per token of the pixel baseline on clips (attentive probe).
         accelerator, devices, num_nodes, strategy, precision: Lightning Fabric's.
     """
 
@@ -67,6 +73,7 @@ class Evaluation:
         cache_dir: str | None = None,
         cache: bool = True,
         pixel_patch_size: int = 8,
+        pixel_tubelet_size: int = 2,
         accelerator: str = "auto",
         devices: int | str = 1,
         num_nodes: int = 1,
@@ -80,6 +87,7 @@ class Evaluation:
             raise ValueError(f"protocols must have distinct names (their results files), got {names}: set name.")
         self.checkpoint, self.protocols, self.data = checkpoint, protocols, data or EvalData()
         self.encoder_kind, self.cache, self.pixel_patch_size = encoder, cache, pixel_patch_size
+        self.pixel_tubelet_size = pixel_tubelet_size
         self.output_dir = Path(output_dir) if output_dir else default_output_dir(checkpoint)
         self.cache_dir = Path(cache_dir) if cache_dir else self.output_dir / "features"
         self.fabric = Fabric(
@@ -95,15 +103,8 @@ class Evaluation:
         """Run every protocol; returns their results (also written to ``<output_dir>/<name>.json``)."""
         fabric = self.fabric
         fabric.launch()
-        encoder, described = open_encoder(
-            self.checkpoint, self.encoder_kind, self.data.image_size, self.pixel_patch_size
-        )
-        size = self.data.image_size or encoder.image_size
-        if size != encoder.image_size and self.checkpoint != PIXELS:
-            raise ValueError(
-                f"data.image_size={size} differs from the encoder's {encoder.image_size}: evaluate at the resolution "
-                "the encoder was trained at, or adapt it first (docs/resolution.md)."
-            )
+        encoder, described = self.open_checkpoint()
+        size = encoder.image_size  # the evaluated size: the data's, else the checkpoint's
         encoder = encoder.to(fabric.device)
         identity = {
             "checkpoint": described["sha256"] or PIXELS,
@@ -111,6 +112,10 @@ class Evaluation:
             "pixel_patch_size": self.pixel_patch_size if self.checkpoint == PIXELS else None,
             "data": self.data.describe(size),
         }
+        if self.checkpoint == PIXELS and encoder.num_frames:
+            identity["pixel_tubelet_size"] = self.pixel_tubelet_size
+        if encoder.adapted is not None:  # the same file at another patch size or frame count is another encoder
+            identity["adapted"] = {key: encoder.adapted[key] for key in ("evaluated", "interpolation")}
         cache = FeatureCache(self.cache_dir if self.cache else None, identity)
         ctx = EvalContext(fabric, encoder, self.data, cache, size, self.data.seed)
         results = []
@@ -121,6 +126,7 @@ class Evaluation:
                 "version": RESULTS_VERSION,
                 **result,
                 "checkpoint": described,
+                "adapted": encoder.adapted,
                 "data": {
                     **self.data.describe(size),
                     "val_fraction": self.data.val_fraction,
@@ -149,6 +155,32 @@ class Evaluation:
             results.append(result)
         fabric.logger.finalize("success")
         return results
+
+    def open_checkpoint(self) -> tuple[FrozenEncoder, dict]:
+        """The frozen encoder at the data's sizes (adapted if they are not the checkpoint's), its
+        description, and the data set to its frames (clip encoders) or refused for the other kind."""
+        data = self.data
+        if self.checkpoint == PIXELS:
+            if data.patch_size is not None:
+                raise ValueError(
+                    "data.patch_size adapts a checkpoint's encoder; the pixel baseline's patches are pixel_patch_size."
+                )
+            if data.clips and data.num_frames is None:
+                raise ValueError(
+                    "checkpoint=pixels on a clip source needs data.num_frames (the pixel baseline has no frame count "
+                    "of its own)."
+                )
+        patch = self.pixel_patch_size if self.checkpoint == PIXELS else data.patch_size
+        encoder, described = open_encoder(
+            self.checkpoint,
+            self.encoder_kind,
+            image_size=data.image_size,
+            patch_size=patch,
+            num_frames=data.num_frames,
+            tubelet_size=self.pixel_tubelet_size,
+        )
+        data.use_frames(encoder.num_frames)
+        return encoder, described
 
 
 def summary_line(result: dict, path: Path) -> str:
@@ -192,5 +224,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     except (ValueError, FileNotFoundError) as error:
         if os.environ.get("IJEPA_DEBUG"):
             raise
-        sys.stderr.write(f"error: {error}\n")
+        # a constructor's own error (EvalData's data.image_size ...), not jsonargparse's wrapping of it
+        sys.stderr.write(f"error: {innermost_error(error)}\n")
         sys.exit(2)

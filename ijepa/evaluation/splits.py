@@ -3,14 +3,22 @@
 Every draw is seeded per class (:func:`ijepa.data.sampling.mix_seed`), so a class's draw depends only
 on its own positions and the seed: adding or removing another class never moves it, and the result is
 the same in every process and on every run. Index tensors are int64, sorted ascending, on CPU.
+
+A fixed subset (the 1% ImageNet list of SimCLR, MSN and I-JEPA) is read from a file of image
+names instead (:func:`read_subset_file`, :func:`named_indices`), matched against each item's name
+(:func:`item_names`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import numbers
+import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
+from torch.utils.data import Dataset, Subset
 
 from ijepa.data.sampling import mix_seed
 from ijepa.nn.checks import check_range
@@ -120,3 +128,75 @@ def low_shot_indices(
         for c, positions in classes
     ]
     return torch.cat(chosen).sort().values
+
+
+def _file_names(dataset: Dataset) -> list[str] | None:
+    """Each item's path relative to ``dataset.root``, '/'-separated, or None for a dataset without
+    files; a :class:`~torch.utils.data.Subset` takes its items' names from the dataset under it."""
+    if isinstance(dataset, Subset):
+        inner = _file_names(dataset.dataset)
+        return None if inner is None else [inner[i] for i in dataset.indices]
+    samples = getattr(dataset, "samples", None)
+    if samples is None:
+        samples = getattr(dataset, "imgs", None)
+    if samples is None:
+        return None
+    root = getattr(dataset, "root", None)
+    return [Path(os.path.relpath(path, root) if root is not None else path).as_posix() for path, *_ in samples]
+
+
+def item_names(dataset: Dataset) -> list[str]:
+    """The name of each of the ``N`` items of ``dataset``: its path relative to the data set's root
+    for an ImageFolder-style data set (``samples`` or ``imgs`` of ``(path, label)``, as
+    ``n01440764/n01440764_10026.JPEG``), else its index as a string (generated data, STL-10)."""
+    names = _file_names(dataset)
+    return names if names is not None else [str(i) for i in range(len(dataset))]
+
+
+def read_subset_file(path: str | Path, option: str = "subset_files") -> tuple[list[str], str]:
+    """``(names, sha256)`` of a subset file: one image name a line (a path relative to the split's
+    root, a file name, or an index); blank lines and ``#`` comments are ignored, repeats kept once.
+    ValueError naming ``option`` for a file that does not exist or names no image."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{option}: subset file {str(path)!r} does not exist (one image name a line).")
+    data = path.read_bytes()
+    names = []
+    for line in data.decode("utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("./"):
+            line = line[2:]
+        if line:
+            names.append(line)
+    if not names:
+        raise ValueError(f"{option}: subset file {str(path)!r} names no image (only blank lines or # comments).")
+    return list(dict.fromkeys(names)), hashlib.sha256(data).hexdigest()
+
+
+def named_indices(names: Sequence[str], wanted: Sequence[str], what: str, shown: int = 5) -> torch.Tensor:
+    """Positions [M] into ``names`` [N] (:func:`item_names`) of the items ``wanted`` names, int64,
+    sorted ascending, no repeats. A wanted name matches the item of that name (a relative path, or
+    an index for data without files) or, failing that, the item whose file name (last '/' part)
+    it is. ValueError starting with ``what`` (e.g. ``subset file 1percent.txt``) listing the first
+    ``shown`` names that match no item, or that match several (one file name in two folders)."""
+    exact = {name: i for i, name in enumerate(names)}
+    by_file: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        by_file.setdefault(name.rsplit("/", 1)[-1], []).append(i)
+    found, missing, ambiguous = [], [], []
+    for name in wanted:
+        if name in exact:
+            found.append(exact[name])
+        elif len(by_file.get(name, ())) == 1:
+            found.append(by_file[name][0])
+        else:
+            (ambiguous if name in by_file else missing).append(name)
+    for bad, problem in ((missing, "not in"), (ambiguous, "that match several files of")):
+        if bad:
+            listed = ", ".join(bad[:shown]) + (f" and {len(bad) - shown} more" if len(bad) > shown else "")
+            raise ValueError(
+                f"{what} names {len(bad)} image{'s' if len(bad) > 1 else ''} {problem} the train split of "
+                f"data.source: {listed}"
+                + (" (give their paths relative to the split's root)." if bad is ambiguous else ".")
+            )
+    return torch.tensor(sorted(set(found)), dtype=torch.long)

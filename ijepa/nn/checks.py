@@ -79,3 +79,12 @@ def check_range(
     else:
         expected = "finite"
     raise ValueError(f"{name} must be {expected}, got {value}.")
+
+
+def check_values(values, name: str, low: float, *, low_open: bool = False) -> None:
+    """A sweep: at least one value, each within :func:`check_range`'s ``[low, inf)`` (``(low, inf)``
+    when ``low_open``), named ``name[i]`` in the error."""
+    if len(values) == 0:
+        raise ValueError(f"{name} must hold at least one value, got {list(values)}.")
+    for i, value in enumerate(values):
+        check_range(value, f"{name}[{i}]", low, low_open=low_open)

@@ -1,16 +1,19 @@
-"""The table of ``docs/evaluation.md``: every ``ijepa eval`` protocol on the quickstart checkpoint,
+"""The tables of ``docs/evaluation.md``: every ``ijepa eval`` protocol on a quickstart checkpoint,
 its random-init encoder and raw pixels, next to the in-``fit`` monitors of the same run::
 
     python -m ijepa.studies.evaluation run --root runs/evaluation     # fit (if needed) + every evaluation
     python -m ijepa.studies.evaluation table --root runs/evaluation   # the markdown table
+    python -m ijepa.studies.evaluation run --preset video_quickstart --root runs/evaluation_video
 
-``run`` trains ``configs/quickstart.yaml`` in ``<root>/quickstart`` unless a checkpoint is already
-there, writes the same model at its initialisation (``seed_everything`` of the config, so the
-encoder the quickstart's step-0 probes score) as ``<root>/random_init.ckpt``, and runs
-``ijepa eval --config configs/eval/quickstart.yaml`` on both and on ``pixels``, one after
-another (two at once on 2 cores spoil the wall times). Raw pixels have one "block": their linear
-grid drops ``last_blocks: 4``. ``table`` also writes ``<root>/provenance.md``: the commit, the
-date, the commands and every protocol's selected head.
+``--preset`` picks the training config and its evaluation config: ``quickstart``
+(``configs/quickstart.yaml``, ``configs/eval/quickstart.yaml``), ``video_quickstart`` or
+``video_motion`` (``configs/<preset>.yaml``, ``configs/eval/<preset>.yaml``). ``run`` trains the
+config in ``<root>/quickstart`` unless a checkpoint is already there, writes the same model at its
+initialisation (``seed_everything`` of the config, so the encoder the step-0 probes score) as
+``<root>/random_init.ckpt``, and runs ``ijepa eval`` on both and on ``pixels``, one after another
+(two at once on 2 cores spoil the wall times). Raw pixels have one "block": their linear grid
+drops ``last_blocks: 4``. ``table`` also writes ``<root>/provenance.md``: the commit, the date,
+the commands and every protocol's selected head.
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from ijepa.cli import instantiate
 from ijepa.interop import save_lightning_checkpoint
 
-QUICKSTART = "configs/quickstart.yaml"
-EVAL_CONFIG = "configs/eval/quickstart.yaml"
+PRESETS = {
+    name: (f"configs/{name}.yaml", f"configs/eval/{name}.yaml")
+    for name in ("quickstart", "video_quickstart", "video_motion")
+}
 ENCODERS = ("trained", "random_init", "pixels")
 MONITORS = {
     "val/knn_top1": "in-fit k-NN monitor (k=20, full bank)",
     "val/linear_top1": "in-fit linear monitor (L-BFGS)",
+    "val/attentive_top1": "in-fit attentive monitor (one head)",
 }
 
 
@@ -42,11 +48,11 @@ def quickstart_checkpoint(root: Path) -> Path:
     return root / "quickstart" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
 
 
-def pixel_config(root: Path) -> Path:
+def pixel_config(root: Path, eval_config: str) -> Path:
     """The evaluation config for raw pixels: the linear grid on one block (pixels have no others),
     and no logistic regression (L-BFGS in float64 on 6,912 values per image takes over 10 minutes
     a sweep on 2 CPU cores)."""
-    config = yaml.safe_load(Path(EVAL_CONFIG).read_text())
+    config = yaml.safe_load(Path(eval_config).read_text())
     config["protocols"] = [
         p for p in config["protocols"] if not p["class_path"].endswith(("LogRegProtocol", "LowShotProtocol"))
     ]
@@ -65,21 +71,23 @@ def timed(command: list[str], cwd: Path | None = None) -> float:
     return time.perf_counter() - start
 
 
-def run(root: Path) -> None:
+def run(root: Path, preset: str = "quickstart") -> None:
+    fit_config, eval_config = PRESETS[preset]
     root.mkdir(parents=True, exist_ok=True)
-    log = {"commit": commit(), "date": datetime.date.today().isoformat(), "commands": []}
+    log = {"commit": commit(), "date": datetime.date.today().isoformat(), "preset": preset, "commands": []}
     checkpoint = quickstart_checkpoint(root)
     if not checkpoint.is_file():
-        command = ["ijepa", "fit", "--config", str(Path(QUICKSTART).resolve())]
+        (root / "quickstart").mkdir(exist_ok=True)
+        command = ["ijepa", "fit", "--config", str(Path(fit_config).resolve())]
         log["fit_seconds"] = timed(command, cwd=root / "quickstart")
         log["commands"].append(" ".join(command))
     random_init = root / "random_init.ckpt"
-    model, _ = instantiate(QUICKSTART)  # the config's seed_everything: the quickstart's step-0 weights
+    model, _ = instantiate(fit_config)  # the config's seed_everything: the step-0 weights
     save_lightning_checkpoint(model, random_init)
     sources = {
-        "trained": (str(checkpoint), EVAL_CONFIG),
-        "random_init": (str(random_init), EVAL_CONFIG),
-        "pixels": ("pixels", str(pixel_config(root))),
+        "trained": (str(checkpoint), eval_config),
+        "random_init": (str(random_init), eval_config),
+        "pixels": ("pixels", str(pixel_config(root, eval_config))),
     }
     for name, (source, config) in sources.items():
         command = [
@@ -94,6 +102,8 @@ def run(root: Path) -> None:
         ]
         if name == "pixels":
             command += ["--data.image_size", str(model.hparams.image_size)]
+            if model.hparams.num_frames:
+                command += ["--data.num_frames", str(model.hparams.num_frames)]
         log[f"{name}_seconds"] = timed(command)
         log["commands"].append(" ".join(command))
     (root / "run.json").write_text(json.dumps(log, indent=2) + "\n")
@@ -149,7 +159,7 @@ def rows(root: Path) -> list[tuple[str, list[str], str]]:
 
 def table(root: Path) -> str:
     lines = [
-        "| protocol | quickstart checkpoint | its random init | raw pixels | seconds (checkpoint) |",
+        "| protocol | trained checkpoint | its random init | raw pixels | seconds (checkpoint) |",
         "|---|---|---|---|---|",
     ]
     lines += [f"| {label} | {' | '.join(scores)} | {seconds} |" for label, scores, seconds in rows(root)]
@@ -183,9 +193,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("run", "table"))
     parser.add_argument("--root", type=Path, default=Path("runs/evaluation"))
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="quickstart")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.action == "run":
-        run(args.root)
+        run(args.root, args.preset)
     text = table(args.root)
     (args.root / "table.md").write_text(text + "\n")
     (args.root / "provenance.md").write_text(provenance(args.root))

@@ -23,9 +23,9 @@ from collections import defaultdict
 import torch
 from torchmetrics.classification import MulticlassAccuracy
 
-from ijepa.callbacks.knn import knn_scores
 from ijepa.callbacks.probe import extract_features
 from ijepa.checkpoint import load_adapted
+from ijepa.classifiers import knn_scores
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.sources import source_from_config
 from ijepa.module import IJEPA

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import TINY_MODEL
 
-from ijepa.callbacks import AttentiveProbe, train_attentive_classifier, train_linear_classifier
+from ijepa.callbacks import AttentiveProbe, LinearProbe
 from ijepa.module import IJEPA
 
 
@@ -28,21 +28,20 @@ def paired_tokens(n: int, seed: int):
 def test_attention_pooling_reads_what_mean_pooling_averages_away():
     x, y = paired_tokens(600, seed=0)
     test_x, test_y = paired_tokens(400, seed=1)
-    probe = train_attentive_classifier(x, y, 2, num_heads=2, steps=300, batch_size=64)
-    with torch.no_grad():
-        attentive = (probe(test_x).argmax(1) == test_y).float().mean().item()
-        linear = (train_linear_classifier(x.mean(1), y, 2)(test_x.mean(1)).argmax(1) == test_y).float().mean().item()
+    attentive = AttentiveProbe(num_heads=2, steps=300, batch_size=64).score(x, y, test_x, test_y, 2)
+    linear = LinearProbe().score(x.mean(1), y, test_x.mean(1), test_y, 2)
     assert attentive > 0.95 and linear < 0.65, (attentive, linear)
 
 
 def test_the_classifier_is_seeded_and_leaves_the_global_rng_alone():
     x, y = paired_tokens(64, seed=0)
+    test_x, test_y = paired_tokens(200, seed=1)
     state = torch.get_rng_state()
-    a = train_attentive_classifier(x, y, 2, num_heads=2, steps=5, seed=3)
+    scores = [
+        AttentiveProbe(num_heads=2, steps=20, batch_size=16, seed=s).score(x, y, test_x, test_y, 2) for s in (3, 3, 4)
+    ]
     assert torch.equal(torch.get_rng_state(), state)
-    b = train_attentive_classifier(x, y, 2, num_heads=2, steps=5, seed=3)
-    for p, q in zip(a.parameters(), b.parameters()):
-        assert torch.equal(p, q)
+    assert scores[0] == scores[1]  # another seed draws another head and batch order (not asserted: may tie)
 
 
 def test_probe_runs_at_start_and_end_of_fit_and_in_test(tmp_path, make_datamodule, make_trainer):

@@ -4,7 +4,8 @@ import pytest
 import torch
 from conftest import TINY_MODEL
 
-from ijepa.callbacks import LinearProbe, train_linear_classifier
+from ijepa.callbacks import LinearProbe
+from ijepa.classifiers import fit_logistic
 from ijepa.module import IJEPA
 
 CENTRES = torch.randn(5, 16, generator=torch.Generator().manual_seed(0)) * 3
@@ -24,14 +25,14 @@ def accuracy(layer, x, y):
 def test_linearly_separable_features_are_classified_almost_perfectly():
     x, y = separable(500, seed=1)
     test_x, test_y = separable(500, seed=2)
-    layer = train_linear_classifier(x, y, 5)
+    layer = fit_logistic(x, y, 5, l2=1e-4, max_iter=200)
     assert accuracy(layer, x, y) > 0.99 and accuracy(layer, test_x, test_y) > 0.98
 
 
 def test_shuffled_labels_give_chance_on_held_out_data():
     x, y = separable(600, seed=1)
     shuffled = y[torch.randperm(600, generator=torch.Generator().manual_seed(3))]
-    layer = train_linear_classifier(x[:400], shuffled[:400], 5)
+    layer = fit_logistic(x[:400], shuffled[:400], 5, l2=1e-4, max_iter=200)
     assert accuracy(layer, x[400:], shuffled[400:]) < 0.35  # chance is 0.2
 
 

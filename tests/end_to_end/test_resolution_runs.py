@@ -197,3 +197,38 @@ def test_ijepa_fit_trains_on_packed_native_resolution_batches(tmp_path):
         cli = IJEPACLI(IJEPA, IJEPADataModule, save_config_kwargs={"overwrite": True}, args=args)
     assert cli.trainer.global_step == 4
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+
+def test_resolution_eval_study_evaluates_every_encoding_at_every_size(checkpoints, tmp_path):
+    from PIL import Image
+
+    from ijepa.data.sources import ShapesSource
+    from ijepa.evaluation import EvalData, Evaluation, KNNProtocol
+    from ijepa.studies.resolution_eval import main
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "data:\n  source:\n    class_path: ijepa.data.ShapesSource\n    init_args: {train_size: 160, val_size: 60}\n"
+        "  batch_size: 32\n  num_workers: 0\n  val_fraction: 0.2\nprotocols:\n"
+        "  - class_path: ijepa.evaluation.KNNProtocol\n    init_args: {ks: [5]}\n"
+        "  - class_path: ijepa.evaluation.LogRegProtocol\n    init_args: {Cs: [1.0]}\n"
+    )
+    paths = [str(checkpoints["learned"]), str(checkpoints["rope_axial"])]
+    scores = main(
+        [*paths, "--config", str(config), "--scales", "0.5", "1", "1.5", "--output-dir", str(tmp_path / "runs")]
+        + ["--output", str(tmp_path / "r.json"), "--figure", str(tmp_path / "r.png")]
+    )
+    assert set(scores) == {"knn", "logreg"}
+    for protocol in scores.values():
+        assert set(protocol) == {"learned", "rope_axial"}
+        assert all(set(by_size) == {"16", "32", "48"} for by_size in protocol.values())
+    assert json.loads((tmp_path / "r.json").read_text())["scores"] == scores
+    assert Image.open(tmp_path / "r.png").size[0] > 0
+    assert (
+        main(["--merge", str(tmp_path / "r.json"), str(tmp_path / "r.json")])["knn"]["learned"]["48"]
+        == [scores["knn"]["learned"]["48"][0]] * 2
+    )  # two files side by side: every score twice
+    # each figure is what ijepa eval prints for that checkpoint at that size
+    data = EvalData(ShapesSource(train_size=160, val_size=60), 48, batch_size=32, num_workers=0, val_fraction=0.2)
+    alone = Evaluation(paths[0], [KNNProtocol(ks=[5])], data=data, output_dir=str(tmp_path / "alone"), cache=False)
+    assert alone.run()[0]["test_top1"] == scores["knn"]["learned"]["48"][0]

@@ -25,8 +25,8 @@ from ijepa.evaluation import (
     protocol_kinds,
     read_results,
 )
+from ijepa.evaluation.context import encode
 from ijepa.evaluation.encoders import open_encoder
-from ijepa.evaluation.features import encode
 from ijepa.evaluation.protocols import grid_edges
 from ijepa.evaluation.runner import build_parser, main
 from ijepa.interop import load_encoder, save_hf, save_lightning_checkpoint
@@ -130,8 +130,8 @@ def test_features_are_cached_reused_by_the_next_protocol_and_invalidated_by_a_ne
 
     class BilinearCrop(EvalData):
         def eval_transform(self, size):  # resize to a little more than the crop: another transform
-            plain = super().eval_transform(size).transforms
-            return v2.Compose([plain[0], v2.Resize(size + 4, antialias=True), plain[2], *plain[3:]])
+            plain = super().eval_transform(size).transforms  # ToImage, ResizeCentreCrop, ToNormalizedFloat
+            return v2.Compose([plain[0], v2.Resize(size + 4, antialias=True), v2.CenterCrop(size), plain[2]])
 
     cropped = BilinearCrop(source=ShapesSource(**SOURCE), batch_size=32, num_workers=0, val_fraction=0.2)
     fourth = evaluate(checkpoint, [KNNProtocol()], tmp_path, data=cropped, **options)[0]

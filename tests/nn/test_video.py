@@ -220,7 +220,7 @@ def _circular_centroids(clips: torch.Tensor) -> torch.Tensor:
 
 
 def test_moving_shapes_need_time_one_frame_does_not_tell_the_direction():
-    from ijepa.callbacks.linear import train_linear_classifier
+    from ijepa.classifiers import fit_logistic
     from ijepa.data.moving_shapes import MovingShapesClips
 
     train = MovingShapesClips(240, num_frames=4, image_size=16, split="train", radius=(0.2, 0.3))
@@ -238,7 +238,7 @@ def test_moving_shapes_need_time_one_frame_does_not_tell_the_direction():
     (train_clips, train_y), (val_clips, val_y) = stack(train), stack(val)
 
     def accuracy(train_x, test_x):
-        layer = train_linear_classifier(train_x, train_y, 4, weight_decay=1e-2)
+        layer = fit_logistic(train_x, train_y, 4, l2=1e-2, max_iter=200)
         with torch.no_grad():
             return float((layer(test_x).argmax(1) == val_y).float().mean())
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ijepa.evaluation.heads import (
+from ijepa.classifiers.heads import (
     AttentiveHead,
     AttentiveHeadGrid,
     LinearHeadGrid,

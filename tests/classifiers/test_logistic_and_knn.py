@@ -1,6 +1,6 @@
-"""The classifiers of ``ijepa eval`` fitted on cached features without SGD: the logistic-regression
-sweep over C (scikit-learn's objective, proven by its optimality condition since scikit-learn is
-not a dependency) and k-NN over several k from one neighbour search."""
+"""The classifiers fitted on cached features without SGD, shared by the probes and ``ijepa eval``:
+the logistic-regression sweep over C (scikit-learn's objective, proven by its optimality condition
+since scikit-learn is not a dependency) and k-NN over several k from one neighbour search."""
 
 import math
 
@@ -8,8 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ijepa.callbacks.knn import knn_scores
-from ijepa.evaluation.classical import default_Cs, knn_sweep, logreg_fit, logreg_sweep
+from ijepa.classifiers import default_Cs, fit_logistic, knn_scores, knn_sweep, l2_of_C, logreg_fit, logreg_sweep
 
 
 def _noisy_classes(n=240, dim=6, classes=3, dtype=torch.float64):
@@ -92,7 +91,7 @@ def test_default_Cs_is_dinov2s_log_spaced_sweep():
     assert default_Cs(1, low=0.5, high=0.5) == [0.5]
 
 
-def test_knn_sweep_scores_equal_knn_scores_for_each_k():
+def test_a_knn_sweep_scores_each_k_as_a_search_of_that_k_alone():
     generator = torch.Generator().manual_seed(3)
     bank, queries = torch.randn(300, 16, generator=generator), torch.randn(150, 16, generator=generator)
     labels = torch.randint(0, 7, (300,), generator=generator)
@@ -125,3 +124,23 @@ def test_bad_sweep_settings_name_the_parameter_and_its_range(call, message):
     with pytest.raises(ValueError) as error:
         call(x, y)
     assert str(error.value) == message
+
+
+def test_knn_scores_by_hand():
+    bank = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    labels = torch.tensor([0, 1, 1])
+    query = torch.tensor([[2.0, 0.0]])
+    scores = knn_scores(bank, labels, query, num_classes=2, k=2, temperature=0.5)
+    # nearest two by cosine: [1, 0] (cos 1) for class 0, [1, 1] (cos 1/sqrt 2) for class 1
+    expected = torch.tensor([[math.exp(1 / 0.5), math.exp((1 / math.sqrt(2)) / 0.5)]])
+    torch.testing.assert_close(scores, expected)
+    # k larger than the bank uses the whole bank
+    assert knn_scores(bank, labels, query, 2, k=10).shape == (1, 2)
+
+
+def test_logreg_of_C_is_the_penalised_mean_loss_with_l2_one_over_2CN():
+    x, y = _noisy_classes(n=60)
+    for C in (0.1, 10.0):
+        a, b = logreg_fit(x, y, 3, C), fit_logistic(x, y, 3, l2=1 / (2 * C * 60))
+        assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+    assert l2_of_C(0.5, 4) == 0.25

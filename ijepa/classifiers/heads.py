@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ijepa.data.sampling import mix_seed
 from ijepa.nn.checks import check_range
 from ijepa.nn.vit import MLP, Block, rescale_residual_branches
 from ijepa.schedules import warmup_cosine_schedule
@@ -225,3 +227,82 @@ def cosine_schedule(
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine_schedule(step, total_steps, warmup_steps, 1.0, 0.0)
     )
+
+
+# mix_seed ignores trailing zeros: a tag per stream keeps the draws of one seed apart
+ORDER_STREAM = 2
+
+
+def feature_batches(
+    features: torch.Tensor, labels: torch.Tensor, batch_size: int, seed: int, steps: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` shuffled minibatches of ``batch_size`` rows of cached ``features [N, ...]`` and
+    ``labels [N]``, epoch after epoch: epoch ``e``'s order is a permutation drawn from
+    ``(seed, e)`` alone, and its last, partial batch is dropped. The same batches on every process."""
+    check_range(batch_size, "batch_size", 1, features.size(0))
+    check_range(steps, "steps", 0)
+    per_epoch = features.size(0) // batch_size
+    for step in range(steps):
+        epoch, index = divmod(step, per_epoch)
+        if index == 0:
+            order = torch.randperm(
+                len(labels), generator=torch.Generator().manual_seed(mix_seed(seed, ORDER_STREAM, epoch))
+            )
+        rows = order[index * batch_size : (index + 1) * batch_size]
+        yield features[rows], labels[rows]
+
+
+class HeadGridTrainer:
+    """Trains grids of heads together: each grid (``(grid, read)``, ``read(features)`` the part of a
+    batch's features it takes) has one head per ``(lrs[h], weight_decays[h])``, its own optimiser
+    (:func:`grid_optimizer`) and a cosine schedule over ``total_steps`` after ``warmup_steps``.
+    :meth:`step` trains every head on one batch; what it trains on (cached features or images
+    encoded on the fly) is the caller's."""
+
+    def __init__(
+        self,
+        grids: list[tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]],
+        lrs: list[float],
+        weight_decays: list[float],
+        optimizer: str,
+        total_steps: int,
+        warmup_steps: int = 0,
+    ):
+        self.grids = grids
+        self.optimizers = [grid_optimizer(grid, lrs, weight_decays, kind=optimizer) for grid, _ in grids]
+        self.schedules = [cosine_schedule(o, total_steps, warmup_steps) for o in self.optimizers]
+
+    def step(self, features: torch.Tensor, labels: torch.Tensor) -> float:
+        """One step of every head on ``features`` (the whole global batch) -> the summed loss."""
+        with torch.inference_mode(False), torch.enable_grad():  # the probes run under inference mode
+            features, labels = features.clone(), labels.clone()
+            loss = sum(grid_loss(grid(read(features)), labels) for grid, read in self.grids)
+            for optimizer in self.optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            for optimizer, schedule in zip(self.optimizers, self.schedules):
+                optimizer.step()
+                schedule.step()
+        return float(loss.detach())
+
+
+@torch.no_grad()
+def grid_scores(
+    grid: nn.Module,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    batch_size: int,
+    read: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+) -> list[float]:
+    """Top-1 accuracy of each head of ``grid`` (in eval mode) on ``features [N, ...]``, ``labels [N]``,
+    in batches of ``batch_size``, on the grid's device."""
+    device = next(grid.parameters()).device
+    was_training = grid.training
+    grid.eval()
+    correct = None
+    for xs, ys in zip(features.split(batch_size), labels.split(batch_size)):
+        ys = ys.to(device)
+        hits = grid_accuracy(grid(read(xs.to(device))), ys) * ys.numel()
+        correct = hits if correct is None else correct + hits
+    grid.train(was_training)
+    return (correct / labels.numel()).tolist()

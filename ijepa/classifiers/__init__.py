@@ -1,0 +1,56 @@
+"""Classifiers on frozen features: the one home of what the in-fit probes (``ijepa.callbacks``)
+and the ``ijepa eval`` protocols (``ijepa.evaluation``) fit and score.
+
+- :mod:`~ijepa.classifiers.features`: sharded extraction of a labelled split's features;
+- :mod:`~ijepa.classifiers.knn`: the cosine-weighted k-NN vote, one k or a sweep;
+- :mod:`~ijepa.classifiers.logistic`: L-BFGS logistic regression (scikit-learn's objective);
+- :mod:`~ijepa.classifiers.heads`: grids of linear and attentive heads trained together;
+- :mod:`~ijepa.classifiers.metrics`: top-1 accuracy.
+
+The labelled collate and the evaluation transform are data: :func:`ijepa.data.collate.labeled_collate`
+and :func:`ijepa.data.transforms.eval_transform`, shared by both callers.
+"""
+
+from ijepa.classifiers.features import Features, extract_features, gather_in_order, shard_indices
+from ijepa.classifiers.heads import (
+    AttentiveHead,
+    AttentiveHeadGrid,
+    HeadGridTrainer,
+    LinearHeadGrid,
+    cosine_schedule,
+    feature_batches,
+    grid_accuracy,
+    grid_loss,
+    grid_optimizer,
+    grid_scores,
+    product_grid,
+)
+from ijepa.classifiers.knn import knn_scores, knn_sweep
+from ijepa.classifiers.logistic import default_Cs, fit_logistic, l2_of_C, logreg_fit, logreg_sweep
+from ijepa.classifiers.metrics import top1
+
+__all__ = [
+    "AttentiveHead",
+    "AttentiveHeadGrid",
+    "Features",
+    "HeadGridTrainer",
+    "LinearHeadGrid",
+    "cosine_schedule",
+    "default_Cs",
+    "extract_features",
+    "feature_batches",
+    "fit_logistic",
+    "gather_in_order",
+    "grid_accuracy",
+    "grid_loss",
+    "grid_optimizer",
+    "grid_scores",
+    "knn_scores",
+    "knn_sweep",
+    "l2_of_C",
+    "logreg_fit",
+    "logreg_sweep",
+    "product_grid",
+    "shard_indices",
+    "top1",
+]
