@@ -221,7 +221,7 @@ def line_chart(
         for x in x_ticks:
             px, _ = to_xy(x, y_low)
             draw.line([px, height - bottom, px, height - bottom + 4], fill=(0, 0, 0))
-            draw.text((px - 8, height - bottom + 6), f"{x:g}", fill=(0, 0, 0))
+            draw.text((px - 8, height - bottom + 6), f"{x:.2g}", fill=(0, 0, 0))
         for i in range(5):
             y = y_low + (y_high - y_low) * i / 4
             _, py = to_xy(x_ticks[0], y)

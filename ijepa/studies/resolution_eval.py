@@ -48,9 +48,9 @@ def summarise(scores: dict, sizes: list[int], train_size: int) -> str:
     lines = []
     for protocol, by_encoding in scores.items():
         lines += [f"\n{protocol} (test top-1, %):\n"]
-        header = " | ".join(f"{s} px ({s / train_size:g}x)" for s in sizes)
-        lines += [f"| `pos_embed` | {header} | change at {sizes[0]} px | change at {sizes[-1]} px |"]
-        lines += ["|---|" + "---|" * (len(sizes) + 2)]
+        header = " | ".join(f"{s} px ({s / train_size:.2g}x)" for s in sizes)
+        lines += [f"| `pos_embed` | seeds | {header} | change at {sizes[0]} px | change at {sizes[-1]} px |"]
+        lines += ["|---|---|" + "---|" * (len(sizes) + 2)]
         for encoding, by_size in by_encoding.items():
             means = {s: statistics.mean(by_size[s]) * 100 for s in sizes}
             cells = [
@@ -59,7 +59,7 @@ def summarise(scores: dict, sizes: list[int], train_size: int) -> str:
             ]
             base = means[train_size]
             lines += [
-                f"| `{encoding}` | "
+                f"| `{encoding}` | {len(by_size[train_size])} | "
                 + " | ".join(cells)
                 + f" | {means[sizes[0]] - base:+.1f} | {means[sizes[-1]] - base:+.1f} |"
             ]
