@@ -37,7 +37,7 @@ from ijepa.nn.packing import (
 from ijepa.nn.patch import gather_patches
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.sharding import data_parallel_mesh, is_sharded, shard_network
-from ijepa.nn.video import tubelet_times
+from ijepa.nn.video import temporal_positions
 from ijepa.nn.vit import VisionTransformer
 from ijepa.optim import Schedules, build_adamw, lr_scheduler, parameter_groups, rebase_schedulers, set_weight_decay
 from ijepa.regularizers import (
@@ -402,7 +402,7 @@ class IJEPA(L.LightningModule):
             return {}
         if not self.hparams.num_frames:
             raise ValueError("frame_times were given for an image model (model.num_frames=0).")
-        return {"frame_times": tubelet_times(frame_times, self.hparams.tubelet_size) / self.hparams.time_unit}
+        return {"frame_times": temporal_positions(frame_times, self.hparams.tubelet_size, self.hparams.time_unit)}
 
     def step_patch_size(self, patch_size) -> dict[str, int]:
         """``{"patch_size": p}`` for a batch cut at another patch size than the model's (FlexiViT:

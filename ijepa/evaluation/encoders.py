@@ -22,7 +22,7 @@ from ijepa.interop.encoder import load_encoder
 from ijepa.interop.huggingface import load_hf
 from ijepa.module import IJEPA
 from ijepa.nn.checks import check_range
-from ijepa.nn.video import tubelet_times
+from ijepa.nn.video import temporal_positions
 from ijepa.nn.vit import VisionTransformer
 from ijepa.regularizers import migrate_legacy_hparams
 
@@ -83,7 +83,7 @@ class ViTEncoder(FrozenEncoder):
             return {}
         if not self.num_frames:
             raise ValueError("frame_times were given for an image encoder (a clip encoder has num_frames > 0).")
-        return {"frame_times": tubelet_times(frame_times, self.tubelet_size) / self.time_unit}
+        return {"frame_times": temporal_positions(frame_times, self.tubelet_size, self.time_unit)}
 
     @torch.no_grad()
     def block_means(

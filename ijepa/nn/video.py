@@ -71,3 +71,10 @@ def tubelet_times(frame_times: torch.Tensor, tubelet_size: int) -> torch.Tensor:
             f"got {tuple(frame_times.shape)}."
         )
     return frame_times[:, ::tubelet_size]
+
+
+def temporal_positions(frame_times: torch.Tensor, tubelet_size: int, time_unit: float) -> torch.Tensor:
+    """Per-frame timestamps ``[B, T]`` (seconds) -> the temporal positions an encoder takes,
+    ``[B, T // tubelet_size]``: each tubelet's first time in units of ``time_unit`` (seconds per
+    position). Training (``IJEPA.token_times``) and ``ijepa eval`` both convert through this."""
+    return tubelet_times(frame_times, tubelet_size) / time_unit
