@@ -6,7 +6,7 @@ Every kind answers the same two questions, so the protocols never ask which kind
 heads, logistic regression and k-NN read) and :meth:`FrozenEncoder.tokens` (every token of the
 last block, what the attentive probe reads). Clip encoders answer them for clips, with their
 frame times; an ijepa checkpoint can be evaluated at another image size, patch size or frame
-count, adapted as ``ijepa validate`` adapts it (:func:`adapt_ijepa`).
+count, adapted as ``ijepa validate`` adapts it (:func:`adapt_ijepa`, :func:`rebuild_at`).
 """
 
 from __future__ import annotations
@@ -253,6 +253,17 @@ def check_sizes(trained: dict, image_size: int | None, patch_size: int | None, n
     return {**wanted, "num_frames": frames}
 
 
+def rebuild_at(checkpoint: dict, **sizes: int) -> tuple[IJEPA, str]:
+    """The model of a loaded ijepa ``checkpoint`` rebuilt with other ``sizes`` (``image_size``,
+    ``patch_size``, ``num_frames``) and its weights adapted on load, as
+    ``IJEPA.load_from_checkpoint(path, **sizes)`` and ``ijepa validate`` adapt them; with the
+    report of :func:`ijepa.checkpoint.load_adapted` (one line per changed tensor after the first)."""
+    hparams = migrate_legacy_hparams(checkpoint["hyper_parameters"])
+    hparams = {key: value for key, value in hparams.items() if not key.startswith("_")}
+    model = IJEPA(**{**hparams, **sizes})
+    return model, load_adapted(model, checkpoint, **model.position_interpolation)
+
+
 def adapt_ijepa(
     path: Path,
     network: VisionTransformer,
@@ -271,15 +282,12 @@ def adapt_ijepa(
     tensors that changed."""
     # mmap: the hyperparameters without reading the tensors (load_adapted reads those it needs)
     saved = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
-    hparams = migrate_legacy_hparams(saved["hyper_parameters"])
-    hparams = {key: value for key, value in hparams.items() if not key.startswith("_")}
-    time_unit = float(hparams.get("time_unit", 1.0))
+    time_unit = float(migrate_legacy_hparams(saved["hyper_parameters"]).get("time_unit", 1.0))
     trained = encoder_sizes(network)
     wanted = check_sizes(trained, image_size, patch_size, num_frames)
     if all(trained[key] == value for key, value in wanted.items()):
         return ViTEncoder(network, time_unit)
-    model = IJEPA(**{**hparams, **wanted})
-    report = load_adapted(model, saved, **model.position_interpolation)
+    model, report = rebuild_at(saved, **wanted)
     adapted = model.target_encoder if encoder == "target" else model.encoder
     adapted.transformer.checkpoint_every = 0  # no backward pass here: nothing to recompute
     frozen = ViTEncoder(adapted, time_unit)

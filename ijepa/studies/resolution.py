@@ -24,13 +24,12 @@ import torch
 from torchmetrics.classification import MulticlassAccuracy
 
 from ijepa.callbacks.probe import extract_features
-from ijepa.checkpoint import load_adapted
 from ijepa.classifiers import knn_scores
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.sources import source_from_config
+from ijepa.evaluation.encoders import rebuild_at
 from ijepa.module import IJEPA
 from ijepa.nn.resize import resize_patch, resize_patch_embed_kernel
-from ijepa.regularizers import migrate_legacy_hparams
 
 
 def knn_top1(model: IJEPA, datamodule: IJEPADataModule, k: int = 20, temperature: float = 0.07) -> float:
@@ -43,13 +42,11 @@ def knn_top1(model: IJEPA, datamodule: IJEPADataModule, k: int = 20, temperature
 
 
 def load_at(checkpoint: dict, image_size: int, patch_size: int | None = None) -> IJEPA:
-    """The model of a loaded ``checkpoint`` rebuilt at ``image_size`` (and ``patch_size``),
-    weights adapted on load (what ``IJEPA.load_from_checkpoint(path, image_size=...)`` does)."""
-    hparams = migrate_legacy_hparams(checkpoint["hyper_parameters"])
-    hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}
-    model = IJEPA(**{**hparams, "image_size": image_size, "patch_size": patch_size or hparams["patch_size"]})
-    load_adapted(model, checkpoint)
-    return model.eval()
+    """The model of a loaded ``checkpoint`` rebuilt at ``image_size`` (and ``patch_size``), in eval
+    mode, weights adapted on load by :func:`ijepa.evaluation.encoders.rebuild_at` (what
+    ``IJEPA.load_from_checkpoint(path, image_size=...)`` and ``ijepa eval`` do)."""
+    sizes = {"image_size": image_size} | ({"patch_size": patch_size} if patch_size else {})
+    return rebuild_at(checkpoint, **sizes)[0].eval()
 
 
 @torch.no_grad()
