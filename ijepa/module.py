@@ -595,14 +595,14 @@ class IJEPA(L.LightningModule):
     def training_step(self, batch: GridBatch | PackedBatch, batch_idx: int) -> torch.Tensor:
         loss = self.jepa_loss(batch)
         if not torch.isfinite(loss):
-            # Stop before the optimizer step and before any checkpoint is written, so the last
-            # good checkpoint stays the last one on disk.
+            # Stop before the optimizer step and any checkpoint write: the last good one stays last on disk.
             raise self._diverged(f"non-finite train/loss ({loss.item()})")
-        optimizer = self.optimizers(use_pl_optimizer=False)
+        group = self.optimizers(use_pl_optimizer=False).param_groups[0]
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/lr", optimizer.param_groups[0]["lr"])
-        self.log("train/weight_decay", optimizer.param_groups[0]["weight_decay"])
-        return loss
+        self.log_dict({"train/lr": group["lr"], "train/weight_decay": group["weight_decay"]})
+        # Step guards (ijepa.callbacks.LossSpikeSkip) veto with a loss that reaches no weight: DDP refuses None.
+        vetoed = any([guard(self, loss) for guard in getattr(self, "step_guards", ())])
+        return loss.detach().requires_grad_() if vetoed else loss
 
     def validation_step(self, batch: GridBatch | PackedBatch, batch_idx: int) -> dict[str, torch.Tensor]:
         """Logs ``val/loss``; returns the mean-pooled target features ``[B, D]`` for

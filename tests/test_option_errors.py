@@ -179,7 +179,7 @@ OUT_OF_RANGE = {
     ijepa.data.MovingShapesSource: dict(
         train_size=0, val_size=0, directions=3, speed=(0.0, 1.0), num_objects=0, fps=0.0, radius=(0.0, 0.2)
     ),
-    ijepa.data.ImageFolderSource: dict(holdout_fraction=1.0),
+    ijepa.data.ImageFolderSource: dict(holdout_fraction=1.0, ignore_index=256),
     ijepa.data.ShardsSource: dict(holdout_fraction=0.0),
     ijepa.data.VideoFolderSource: dict(fps=-1.0, frame_stride=0, holdout_fraction=0.0),
     ijepa.data.STL10Source: {},
@@ -193,6 +193,7 @@ OUT_OF_RANGE = {
     ),
     ijepa.callbacks.EMATargetUpdate: dict(momentum=1.5, final_momentum=-0.1),
     ijepa.callbacks.JEPAImages: dict(num_images=0),
+    ijepa.callbacks.LossSpikeSkip: dict(warmup_steps=-1, window=1, num_std=0.0, max_in_a_row=0),
     ijepa.callbacks.ThroughputLogger: dict(log_every_n_steps=0, window=0, peak_tflops=0.0),
     ijepa.callbacks.Probe: dict(every_n_epochs=0),
     ijepa.regularizers.SIGReg: dict(

@@ -13,6 +13,7 @@ from ijepa.callbacks.linear import LinearProbe
 from ijepa.callbacks.position_images import PositionSimilarityImages
 from ijepa.callbacks.probe import Probe, extract_features
 from ijepa.callbacks.resolution import PositionEmbeddingInterpolation
+from ijepa.callbacks.spike import LossSpikeSkip, SpikeTracker
 from ijepa.callbacks.throughput import ThroughputLogger, peak_flops, step_flops
 
 __all__ = [
@@ -25,10 +26,12 @@ __all__ = [
     "JEPAImages",
     "KNNProbe",
     "LinearProbe",
+    "LossSpikeSkip",
     "PositionEmbeddingInterpolation",
     "PositionSimilarityImages",
     "PreemptionCheckpoint",
     "Probe",
+    "SpikeTracker",
     "ThroughputLogger",
     "ema_update_",
     "extract_features",

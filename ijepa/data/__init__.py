@@ -7,6 +7,9 @@ import importlib
 _MODULES = {
     "IJEPADataModule": "datamodule",
     "labeled_collate": "collate",
+    "dense_collate": "collate",
+    "DenseBatch": "batch",
+    "IGNORE_INDEX": "batch",
     **dict.fromkeys(
         (
             "DataSource",
@@ -36,7 +39,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "IGNORE_INDEX",
     "DataSource",
+    "DenseBatch",
     "IJEPADataModule",
     "ImageFolderSource",
     "MovingShapesSource",
@@ -46,6 +51,7 @@ __all__ = [
     "SplitSettings",
     "Splits",
     "VideoFolderSource",
+    "dense_collate",
     "labeled_collate",
     "source_from_config",
 ]

@@ -9,7 +9,9 @@ contexts of ``Kc`` patches, ``T`` frames):
 * :class:`PackedBatch`: native-resolution images packed into sequences
   (:class:`~ijepa.data.native.PackedMaskCollator`);
 * :class:`LabeledBatch` / :class:`LabeledClipBatch`: labelled images or clips for the probes,
-  ``predict`` and evaluation.
+  ``predict`` and evaluation;
+* :class:`DenseBatch`: labelled images with per-pixel class masks and object counts, for the
+  dense (segmentation, counting) evaluations (:func:`~ijepa.data.collate.dense_collate`).
 
 The records are dataclasses: Lightning moves every tensor field to the device
 (``apply_to_collection`` walks dataclasses), and the DataLoader's ``pin_memory`` calls their
@@ -25,6 +27,9 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from ijepa.nn.packing import Packed
+
+IGNORE_INDEX = 255
+"""The mask value of pixels a dense loss or metric ignores (the ADE20K / VOC convention)."""
 
 
 class Record:
@@ -60,6 +65,17 @@ class LabeledClipBatch(LabeledBatch):
     (seconds) when the source has them."""
 
     frame_times: torch.Tensor | None = None
+
+
+@dataclass
+class DenseBatch(LabeledBatch):
+    """Labelled images with dense targets: ``images [B, C, H, W]`` (float, normalised), ``labels
+    [B]`` (image class, ``-1``: unlabelled), ``masks [B, H, W]`` (int64 per-pixel class: ``0``
+    background, shape classes from ``1``; :data:`IGNORE_INDEX` marks pixels to ignore) and
+    ``counts [B]`` (int64 objects in the image, ``-1``: unknown)."""
+
+    masks: torch.Tensor
+    counts: torch.Tensor
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import default_collate
 
-from ijepa.data.batch import ClipBatch, GridBatch, LabeledBatch, LabeledClipBatch
+from ijepa.data.batch import ClipBatch, DenseBatch, GridBatch, LabeledBatch, LabeledClipBatch
 from ijepa.data.sampling import mix_seed
 from ijepa.masks import MultiBlockMaskSampler, context_padding_mask
 from ijepa.nn.checks import check_indices
@@ -100,7 +100,10 @@ def masked_batch(
 def labeled_collate(samples: list) -> LabeledBatch:
     """Stack ``(image, label)`` or ``(clip, label[, frame_times])`` samples into a
     :class:`LabeledBatch` (clips: a :class:`LabeledClipBatch`): the labelled collate of the
-    probes' loaders and of ``ijepa eval``."""
+    probes' loaders and of ``ijepa eval``. Dense samples (a dict target) go to
+    :func:`dense_collate`."""
+    if len(samples[0]) > 1 and isinstance(samples[0][1], dict):
+        return dense_collate(samples)
     columns = default_collate(samples)
     if columns[0].dim() == 5:
         # a third column of [B, T] floats is the frame times; anything else after the label (the
@@ -108,3 +111,36 @@ def labeled_collate(samples: list) -> LabeledBatch:
         times = columns[2] if len(columns) > 2 and columns[2].dim() == 2 else None
         return LabeledClipBatch(columns[0], columns[1], times)
     return LabeledBatch(*columns[:2])
+
+
+def dense_collate(samples: list) -> DenseBatch:
+    """Stack dense samples ``(image, {"label": int, "mask": Mask [H, W], "count": int})`` into a
+    :class:`~ijepa.data.batch.DenseBatch`: ``images [B, C, H, W]``, ``labels [B]``, ``masks [B, H,
+    W]`` (int64) and ``counts [B]`` (int64). Anything after the target (the per-sample seed
+    :class:`~ijepa.data.sampling.SeededSamples` appends) is dropped."""
+    if not samples:
+        raise ValueError("dense_collate needs at least one sample.")
+    images, labels, masks, counts = [], [], [], []
+    for index, sample in enumerate(samples):
+        if len(sample) < 2 or not isinstance(sample[1], dict):
+            raise TypeError(
+                f"dense_collate: sample {index} must be (image, {{'label', 'mask', 'count'}}), "
+                f"got a {type(sample).__name__} of {len(sample)} element(s)."
+            )
+        image, target = sample[0], sample[1]
+        missing = {"label", "mask", "count"} - set(target)
+        if missing:
+            raise KeyError(f"dense_collate: sample {index}'s target lacks {sorted(missing)}.")
+        images.append(torch.as_tensor(image).as_subclass(torch.Tensor))
+        masks.append(torch.as_tensor(target["mask"]).as_subclass(torch.Tensor).to(torch.int64))
+        labels.append(int(target["label"]))
+        counts.append(int(target["count"]))
+    shapes = {tuple(mask.shape) for mask in masks}
+    if len(shapes) > 1 or masks[0].dim() != 2:
+        raise ValueError(f"dense_collate: masks must all be [H, W] of one size, got shapes {sorted(shapes)}.")
+    return DenseBatch(
+        torch.stack(images),
+        torch.tensor(labels, dtype=torch.int64),
+        torch.stack(masks),
+        torch.tensor(counts, dtype=torch.int64),
+    )

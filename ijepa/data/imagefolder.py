@@ -1,10 +1,12 @@
 """An ``ImageFolder`` that reports unreadable files clearly instead of crashing in a worker, reads
 every image mode PIL opens as 8-bit RGB, numbers its classes by another split's index when told
-to, also reads a folder of loose (unlabelled) images, and never walks a folder twice through a
-directory link (a loop such as ``circle/loop -> ..``)."""
+to, also reads a folder of loose (unlabelled) images, never walks a folder twice through a
+directory link (a loop such as ``circle/loop -> ..``), and reads per-pixel class masks from a
+folder beside the images (``masks``: index PNGs, the ADE20K / VOC convention)."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import warnings
@@ -12,8 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image, UnidentifiedImageError
-from torchvision import datasets
+from torchvision import datasets, tv_tensors
+
+from ijepa.data.batch import IGNORE_INDEX
 
 BAD_IMAGE_POLICIES = ("error", "skip")
 UNLABELLED = -1  # the label of an image with no class folder (as STL-10's unlabeled split)
@@ -23,6 +28,62 @@ PLAIN_MODES = ("1", "L", "RGB", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
 ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA", "P")
 # Single-channel modes of more than 8 bits, which convert("RGB") clips at 255.
 HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+MASK_MODES = ("L", "P")  # index PNGs: one 8-bit class id per pixel (a palette image's indices)
+UNKNOWN_COUNT = -1  # the object count of an image folder's dense items
+
+
+def check_mask_options(masks: str | None, ignore_index: int) -> None:
+    """The checks of the mask options a :class:`RobustImageFolder` and its source share."""
+    if masks is not None and (not isinstance(masks, (str, os.PathLike)) or not str(masks)):
+        raise ValueError(f"masks must be a folder path (or None: no masks), got {masks!r}.")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int) or not 0 <= ignore_index <= 255:
+        raise ValueError(f"ignore_index must be an int in [0, 255] (an index PNG's values), got {ignore_index!r}.")
+
+
+def mask_path(image_path: str | Path, root: str | Path, masks: str | Path) -> Path:
+    """Where the mask of ``image_path`` (under ``root``) is: the same relative path under
+    ``masks``, with a ``.png`` extension."""
+    return (Path(masks) / Path(image_path).relative_to(root)).with_suffix(".png")
+
+
+def load_mask(
+    path: str | Path,
+    image_path: str,
+    image_size: tuple[int, int],
+    ignore_index: int = IGNORE_INDEX,
+    data: bytes | memoryview | None = None,
+):
+    """The class mask at ``path`` (an index PNG, mode ``L`` or ``P``) of the image at
+    ``image_path`` of ``image_size`` ``(W, H)`` -> ``tv_tensors.Mask`` int64 ``[H, W]``, the pixels
+    of value ``ignore_index`` set to :data:`~ijepa.data.batch.IGNORE_INDEX`. ``data``: the file's
+    bytes, read instead of ``path`` (shards; ``path`` then only names it). ``FileNotFoundError``
+    for a missing file, ``ValueError`` for another mode, size or a class value that would read as
+    ignored, each naming the files."""
+    if data is None and not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"no mask for image {image_path}: expected {path} (masks mirror the image folder, with a .png extension)."
+        )
+    with Image.open(path if data is None else io.BytesIO(data)) as mask:
+        mask.load()
+        if mask.mode not in MASK_MODES:
+            raise ValueError(
+                f"mask {path} of image {image_path} has mode {mask.mode!r}; masks are index PNGs of mode "
+                f"{' or '.join(MASK_MODES)} (one class id per pixel)."
+            )
+        if mask.size != tuple(image_size):
+            raise ValueError(
+                f"mask {path} is {mask.size[0]}x{mask.size[1]} (WxH) but its image {image_path} is "
+                f"{image_size[0]}x{image_size[1]}: a mask must have its image's size."
+            )
+        values = torch.from_numpy(np.array(mask, dtype=np.uint8)).to(torch.int64)
+    if ignore_index != IGNORE_INDEX:
+        if (values == IGNORE_INDEX).any():
+            raise ValueError(
+                f"mask {path} holds the value {IGNORE_INDEX}, which reads as ignored (IGNORE_INDEX) while "
+                f"ignore_index={ignore_index}: renumber that class, or set ignore_index={IGNORE_INDEX}."
+            )
+        values[values == ignore_index] = IGNORE_INDEX
+    return tv_tensors.Mask(values)
 
 
 def find_classes(directory: str | Path, class_to_idx: dict[str, int] | None = None) -> tuple[list[str], dict[str, int]]:
@@ -132,13 +193,28 @@ class RobustImageFolder(datasets.ImageFolder):
     when it lacks some of the training classes. A folder with no class sub-folders holds loose,
     unlabelled images: ``classes`` is empty and every label is ``-1``. Images are read by
     :func:`load_rgb`, which maps every PIL mode to 8-bit RGB.
+
+    ``masks``: a folder holding each image's per-pixel class mask at the image's path relative to
+    ``root``, with a ``.png`` extension (:func:`load_mask`: index PNGs of mode ``L`` or ``P``, the
+    value the class, ``ignore_index`` mapped to :data:`~ijepa.data.batch.IGNORE_INDEX`). Items
+    are then ``(image, {"label": int, "mask": Mask int64 [H, W], "count": -1})`` and
+    ``transform`` is called as ``transform(image, target)``, so that torchvision v2 transforms
+    move the mask with the image (nearest). A missing mask is an error when the folder is read;
+    an unreadable mask, or one whose size is not its image's, when the item is.
     """
 
     def __init__(
-        self, root: str, transform=None, bad_images: str = "error", class_to_idx: dict[str, int] | None = None
+        self,
+        root: str,
+        transform=None,
+        bad_images: str = "error",
+        class_to_idx: dict[str, int] | None = None,
+        masks: str | None = None,
+        ignore_index: int = IGNORE_INDEX,
     ):
         if bad_images not in BAD_IMAGE_POLICIES:
             raise ValueError(f"bad_images must be one of {BAD_IMAGE_POLICIES}, got {bad_images!r}.")
+        check_mask_options(masks, ignore_index)
         self._given_class_to_idx = class_to_idx  # read by find_classes, which ImageFolder.__init__ calls
         try:
             # allow_empty: a split numbered by the training index may lack some training classes.
@@ -151,6 +227,26 @@ class RobustImageFolder(datasets.ImageFolder):
             ) from error
         self.bad_images = bad_images
         self.skipped: set[str] = set()
+        self.masks = None if masks is None else str(masks)
+        self.ignore_index = ignore_index
+        if self.masks is not None:
+            self._check_masks_exist()
+
+    def _check_masks_exist(self) -> None:
+        if not os.path.isdir(self.masks):
+            raise FileNotFoundError(f"mask folder not found: masks={self.masks!r} is not a directory.")
+        missing = [(path, self.mask_path(path)) for path, _ in self.samples if not self.mask_path(path).is_file()]
+        if missing:
+            shown = "; ".join(f"{image} -> {mask}" for image, mask in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise FileNotFoundError(
+                f"no mask for {len(missing)} of {len(self.samples)} image(s) under {self.root} "
+                f"(expected at the same relative path under {self.masks}, with a .png extension): {shown}{more}."
+            )
+
+    def mask_path(self, image_path: str) -> Path:
+        """Where the mask of the image at ``image_path`` is (:func:`mask_path`)."""
+        return mask_path(image_path, self.root, self.masks)
 
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         return find_classes(directory, self._given_class_to_idx)
@@ -190,7 +286,9 @@ class RobustImageFolder(datasets.ImageFolder):
         for offset in range(len(self)):
             position = (index + offset) % len(self)
             try:
-                return super().__getitem__(position)
+                if self.masks is None:
+                    return super().__getitem__(position)
+                image = self.loader(self.samples[position][0])
             except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as error:
                 path = self.samples[position][0]
                 if self.bad_images == "error":
@@ -209,7 +307,21 @@ class RobustImageFolder(datasets.ImageFolder):
                     warnings.warn(
                         f"skipping unreadable image {path} ({error}); {len(self.skipped)} skipped so far.", stacklevel=2
                     )
+                continue
+            return self._dense_item(position, image)
         raise ValueError(f"no readable image under {Path(self.root)}.")
+
+    def _dense_item(self, position: int, image: Image.Image) -> tuple:
+        """``(image, {"label", "mask", "count"})`` through the transform; mask errors are raised,
+        never skipped (a bad mask is not a bad image)."""
+        path, label = self.samples[position]
+        mask = load_mask(self.mask_path(path), path, image.size, self.ignore_index)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        target = {"label": label, "mask": mask, "count": UNKNOWN_COUNT}
+        if self.transform is not None:
+            return self.transform(image, target)
+        return image, target
 
 
 class ImageTooLarge(ValueError):

@@ -4,7 +4,10 @@ Every image shows one shape class: by default one coloured geometric shape (rand
 position, scale, rotation and hue), optionally several instances of the same class
 (``num_objects``), on a plain, noisy or textured background. Images are a pure
 function of ``(seed, split, index, image_size, background)``, so the dataset
-needs no download and train/val splits are reproducible everywhere.
+needs no download and train/val splits are reproducible everywhere. With ``dense=True``
+items also carry a per-pixel class mask (from the renderer's own supersampled coverage:
+a pixel is its shape's when the shape covers at least half of it) and the number of
+instances drawn, for the segmentation and counting evaluations.
 
 Determinism note: the pixel-grid arithmetic only uses IEEE correctly rounded
 ops (+, -, *, /, abs, floor, comparisons) with per-image scalars precomputed in
@@ -35,6 +38,7 @@ __all__ = [
     "ShapesDataset",
     "index_seed",
     "render_scenes",
+    "render_scenes_with_masks",
     "rgb_distance",
     "supersample",
 ]
@@ -343,6 +347,22 @@ def _texture(params: list[dict], image_size: int) -> Tensor:
 def render_scenes(params: list[dict], image_size: int, background: str, base: Tensor | None = None) -> Tensor:
     """Render a batch of images from their parameters; -> uint8 [B, 3, H, W]. ``base [B, 3, H, W]``
     (float in [0, 1]), when given, replaces the background."""
+    return _render(params, image_size, background, base, masks=False)[0]
+
+
+def render_scenes_with_masks(
+    params: list[dict], image_size: int, background: str, base: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`render_scenes` (the same images, bit for bit) and each image's class mask, uint8
+    [B, H, W]: ``label + 1`` where a shape covers at least half of the pixel (its supersampled
+    coverage, the one the pixel is painted with), ``0`` (background) elsewhere."""
+    return _render(params, image_size, background, base, masks=True)
+
+
+def _render(
+    params: list[dict], image_size: int, background: str, base: Tensor | None, masks: bool
+) -> tuple[Tensor, Tensor | None]:
+    mask = torch.zeros(len(params), image_size, image_size, dtype=torch.uint8) if masks else None
     if base is not None:
         img = base
     elif background == "busy":
@@ -357,8 +377,12 @@ def render_scenes(params: list[dict], image_size: int, background: str, base: Te
         fg = _col([c for _, o in instances for c in o["fg"]]).view(-1, 3, 1, 1)
         img = img.clone()
         img[owners] = img[owners] + alpha * (fg - img[owners])
+        if mask is not None:
+            # every instance of an image is of its class, so overlaps need no order
+            values = torch.tensor([label + 1 for label, _ in instances], dtype=torch.uint8).view(-1, 1, 1)
+            mask[owners] = torch.where(alpha.squeeze(1) >= 0.5, values, mask[owners])
     img = img + _NOISE_STD[background] * torch.stack([p["noise"] for p in params])
-    return img.clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8)
+    return img.clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8), mask
 
 
 # --------------------------------------------------------------------------
@@ -395,6 +419,13 @@ class ShapesDataset(Dataset):
     (after ``transform`` if given), label an int in ``[0, num_classes)``.
     Labels are ``index % num_classes``, so classes are balanced.
 
+    With ``dense=True`` items are ``(image, {"label": int, "mask": Mask, "count": int})``:
+    ``mask`` a ``tv_tensors.Mask`` int64 [H, W], ``label + 1`` on the pixels a shape covers at
+    least half of (the renderer's own supersampled coverage), ``0`` on the background; ``count``
+    the number of instances drawn. The images are those of ``dense=False``, bit for bit, and
+    ``transform`` is called as ``transform(image, target)``, so that torchvision v2 transforms
+    crop, resize and flip the mask with the image (nearest interpolation for the mask).
+
     Args:
         num_samples: dataset length, >= 1.
         image_size: H = W in pixels, >= 8.
@@ -410,6 +441,8 @@ class ShapesDataset(Dataset):
         num_objects: (min, max) instances of the image's class per image, each with its
             own position, scale, rotation and hue; 1 <= min <= max <= 8.
         radius: (min, max) instance radius as a fraction of image_size, in (0, 0.5].
+        dense: also return each image's class mask and object count (above); with ``cache``
+            the masks are rendered once too ([N, H, W] uint8, N*H*W bytes).
     """
 
     classes: tuple[str, ...] = CLASSES
@@ -425,6 +458,7 @@ class ShapesDataset(Dataset):
         transform: Callable | None = None,
         num_objects: tuple[int, int] = (1, 1),
         radius: tuple[float, float] = _RADIUS_RANGE,
+        dense: bool = False,
     ) -> None:
         _check_int("num_samples", num_samples, 1)
         _check_int("image_size", image_size, 8)
@@ -432,6 +466,9 @@ class ShapesDataset(Dataset):
         check_shape_options(background, num_objects, radius)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
+        if not isinstance(dense, bool):
+            raise ValueError(f"dense must be a bool (True: items carry masks and counts), got {dense!r}")
+        self.dense = dense
         self.num_objects = (int(num_objects[0]), int(num_objects[1]))
         self.radius = (float(radius[0]), float(radius[1]))
         self.num_samples = num_samples
@@ -441,6 +478,8 @@ class ShapesDataset(Dataset):
         self.background = background
         self.transform = transform
         self.targets: list[int] = [i % self.num_classes for i in range(num_samples)]
+        self.masks: Tensor | None = None  # uint8 [N, H, W], with dense and cache
+        self.counts: Tensor | None = None  # int64 [N], with dense and cache
         self.images: Tensor | None = self._render_all() if cache else None
 
     @property
@@ -448,42 +487,72 @@ class ShapesDataset(Dataset):
         """Number of shape classes, ``len(CLASSES)``."""
         return len(CLASSES)
 
-    def render(self, indices: Sequence[int]) -> Tensor:
-        """Render the given (non-negative, in range) indices; -> uint8 [len(indices), 3, H, W]."""
-        params = [
+    def _params(self, indices: Sequence[int]) -> list[dict]:
+        return [
             _sample_params(self.seed, self.split, i, self.image_size, self.num_classes, self.num_objects, self.radius)
             for i in indices
         ]
-        return render_scenes(params, self.image_size, self.background)
+
+    def render(self, indices: Sequence[int]) -> Tensor:
+        """Render the given (non-negative, in range) indices; -> uint8 [len(indices), 3, H, W]."""
+        return render_scenes(self._params(indices), self.image_size, self.background)
+
+    def render_dense(self, indices: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """Render the given indices with their class masks and object counts; -> images uint8
+        [n, 3, H, W] (those of :meth:`render`), masks uint8 [n, H, W] (``0`` background, ``label
+        + 1`` on a shape), counts int64 [n]."""
+        params = self._params(indices)
+        images, masks = render_scenes_with_masks(params, self.image_size, self.background)
+        return images, masks, torch.tensor([len(p["objects"]) for p in params], dtype=torch.int64)
 
     def _render_all(self) -> Tensor:
         chunk = max(1, CHUNK_POINTS // (self.image_size * supersample(self.image_size)) ** 2)
         out = torch.empty(self.num_samples, 3, self.image_size, self.image_size, dtype=torch.uint8)
+        if self.dense:
+            self.masks = torch.empty(self.num_samples, self.image_size, self.image_size, dtype=torch.uint8)
+            self.counts = torch.empty(self.num_samples, dtype=torch.int64)
         for start in range(0, self.num_samples, chunk):
             stop = min(start + chunk, self.num_samples)
-            out[start:stop] = self.render(range(start, stop))
+            if self.dense:
+                out[start:stop], self.masks[start:stop], self.counts[start:stop] = self.render_dense(range(start, stop))
+            else:
+                out[start:stop] = self.render(range(start, stop))
         return out
 
     def __len__(self) -> int:
         return self.num_samples
 
-    def __getitem__(self, index: int) -> tuple[tv_tensors.Image, int]:
+    def __getitem__(self, index: int) -> tuple[tv_tensors.Image, int] | tuple[tv_tensors.Image, dict]:
         i = operator.index(index)
         if i < 0:
             i += self.num_samples
         if not 0 <= i < self.num_samples:
             raise IndexError(f"index {index} out of range for ShapesDataset of length {self.num_samples}")
+        if self.dense:
+            return self._dense_item(i)
         image = self.images[i] if self.images is not None else self.render([i])[0]
         image = tv_tensors.Image(image)
         if self.transform is not None:
             image = self.transform(image)
         return image, self.targets[i]
 
+    def _dense_item(self, i: int) -> tuple[tv_tensors.Image, dict]:
+        if self.images is not None and self.masks is not None:
+            image, mask, count = self.images[i], self.masks[i], int(self.counts[i])
+        else:
+            images, masks, counts = self.render_dense([i])
+            image, mask, count = images[0], masks[0], int(counts[0])
+        target = {"label": self.targets[i], "mask": tv_tensors.Mask(mask.to(torch.int64)), "count": count}
+        image = tv_tensors.Image(image)
+        if self.transform is not None:
+            return self.transform(image, target)
+        return image, target
+
     def extra_repr(self) -> str:
         return (
             f"num_samples={self.num_samples}, image_size={self.image_size}, split={self.split!r}, "
             f"seed={self.seed}, background={self.background!r}, num_objects={self.num_objects}, "
-            f"radius={self.radius}, cached={self.images is not None}"
+            f"radius={self.radius}, dense={self.dense}, cached={self.images is not None}"
         )
 
     def __repr__(self) -> str:

@@ -6,10 +6,13 @@ folder or an STL-10 split into chunked shards, :class:`ShardsSource` reads them 
 * ``train/`` (and ``val/`` when ``SRC`` has ``train/`` beside ``val/`` or ``test/``): litdata
   datasets whose items are ``{"image": the encoded file's bytes, "label": int}``. Image files are
   stored as they are (no re-encoding), so decoding gives the pixels the folder gives; STL-10's
-  raw pixels are encoded losslessly as PNG;
+  raw pixels are encoded losslessly as PNG. With ``--masks MASKS`` (image folders) items also
+  hold ``"mask"``, the bytes of each image's index-PNG class mask, read from ``MASKS`` as
+  :class:`~ijepa.data.ImageFolderSource` reads them (``MASKS/train/...`` for ``SRC/train/...``);
 * ``ijepa_shards.json``, written last (a folder whose ``prepare`` did not finish has none): the
-  class names in index order, where the images came from, and each split's labels, so that the
-  class-balanced hold-out needs no pass over the images.
+  class names in index order, where the images came from, each split's labels, so that the
+  class-balanced hold-out needs no pass over the images, and, with masks, ``"masks":
+  {"ignore_index": int}`` (the items are then dense, as the folder's with ``masks``).
 
 :class:`ShardsSource` wraps each split as a map-style dataset over ``litdata.StreamingDataset``'s
 random access: the project's samplers keep choosing the order and each DDP rank's share, and
@@ -33,7 +36,15 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 
-from ijepa.data.imagefolder import UNLABELLED, RobustImageFolder, to_rgb
+from ijepa.data.batch import IGNORE_INDEX
+from ijepa.data.imagefolder import (
+    UNKNOWN_COUNT,
+    UNLABELLED,
+    RobustImageFolder,
+    check_mask_options,
+    load_mask,
+    to_rgb,
+)
 from ijepa.data.sources import DataSource, Splits, SplitSettings, check_fraction, holdout_split
 from ijepa.data.stl10 import STL10
 
@@ -66,13 +77,18 @@ class _FileBytes:
     """``optimize``'s item function for image files: the file's bytes as stored, and its label.
     It must not raise: an exception in a litdata worker leaves ``optimize`` waiting forever."""
 
-    def __init__(self, samples: list[tuple[str, int]]):
+    def __init__(self, samples: list[tuple[str, int]], masks: list[Path] | None = None):
         self.samples = samples
+        self.masks = masks
 
     def __call__(self, index: int) -> dict:
         path, label = self.samples[index]
         with open(path, "rb") as f:
-            return {"image": f.read(), "label": int(label)}
+            item = {"image": f.read(), "label": int(label)}
+        if self.masks is not None:
+            with open(self.masks[index], "rb") as f:
+                item["mask"] = f.read()
+        return item
 
 
 class _PNGBytes:
@@ -87,24 +103,37 @@ class _PNGBytes:
         return {"image": buffer.getvalue(), "label": int(self.labels[index])}
 
 
-def folder_layout(root: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]], str]:
-    """``(classes, {split: [(path, label)]}, description)`` of an image folder, listed and numbered
-    exactly as :class:`ijepa.data.ImageFolderSource` does (sorted class folders; ``val/`` or
-    ``test/`` numbered by ``train/``'s classes; loose images unlabelled)."""
+def folder_layout(
+    root: Path, masks: str | Path | None = None
+) -> tuple[list[str], dict[str, list[tuple[str, int]]], str, dict[str, list[Path]] | None]:
+    """``(classes, {split: [(path, label)]}, description, {split: [mask path]} or None)`` of an
+    image folder, listed and numbered exactly as :class:`ijepa.data.ImageFolderSource` does
+    (sorted class folders; ``val/`` or ``test/`` numbered by ``train/``'s classes; loose images
+    unlabelled), with each image's mask under ``masks`` when given (every one must exist)."""
     held_out = next((root / name for name in ("val", "test") if (root / name).is_dir()), None)
     has_train = (root / "train").is_dir()
     if held_out is not None and not has_train:
         raise ValueError(f"SRC={str(root)!r} has {held_out.name}/ but no train/ folder beside it.")
-    train = RobustImageFolder(str(root / "train" if has_train else root))
-    splits = {"train": train.samples}
+
+    def folder(path: Path, class_to_idx: dict | None = None) -> RobustImageFolder:
+        mask_root = None if masks is None else str(Path(masks) / path.relative_to(root))
+        return RobustImageFolder(str(path), class_to_idx=class_to_idx, masks=mask_root)
+
+    train = folder(root / "train" if has_train else root)
+    folders = {"train": train}
     layout = "train/"
     if held_out is not None:
         index = train.class_to_idx if len(train.classes) >= 2 else None
-        splits["val"] = RobustImageFolder(str(held_out), class_to_idx=index).samples
+        folders["val"] = folder(held_out, index)
         layout = f"train/ + {held_out.name}/ (written as val)"
     elif not has_train:
         layout = "class folders" if train.classes else "loose images (unlabelled)"
-    return list(train.classes), splits, f"image folder {root.resolve()} ({layout})"
+    splits = {name: images.samples for name, images in folders.items()}
+    mask_paths = None
+    if masks is not None:
+        mask_paths = {name: [images.mask_path(path) for path, _ in images.samples] for name, images in folders.items()}
+        layout += f", masks {Path(masks).resolve()}"
+    return list(train.classes), splits, f"image folder {root.resolve()} ({layout})", mask_paths
 
 
 def stl10_layout(root: Path, split: str, val_split: str | None) -> tuple[list[str], dict[str, _PNGBytes], str]:
@@ -137,9 +166,13 @@ def prepare(
     val_split: str | None = None,
     num_workers: int = 1,
     chunk_bytes: str = "64MB",
+    masks: str | Path | None = None,
+    ignore_index: int = IGNORE_INDEX,
 ) -> dict:
     """Write ``src`` (an image folder, or a folder holding ``stl10_binary/``) into shards under
-    ``dest`` (missing or empty); returns the index written to ``dest/ijepa_shards.json``."""
+    ``dest`` (missing or empty); returns the index written to ``dest/ijepa_shards.json``.
+    ``masks`` (image folders): the folder of each image's index-PNG class mask, stored beside it;
+    ``ignore_index``: their value of ignored pixels (see :class:`ijepa.data.ImageFolderSource`)."""
     litdata = _litdata("ijepa prepare")
     src, dest = Path(src), Path(dest)
     if not src.is_dir():
@@ -148,15 +181,20 @@ def prepare(
         )
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise FileExistsError(f"DEST={str(dest)!r} is not an empty folder: give a new or empty folder for the shards.")
+    check_mask_options(None if masks is None else str(masks), ignore_index)
     if (src / "stl10_binary").is_dir():
+        if masks is not None:
+            raise ValueError("--masks reads an image folder's masks; STL-10 has none.")
         classes, functions, description = stl10_layout(src, split or "train+unlabeled", val_split)
         labels = {name: function.labels for name, function in functions.items()}
         sizes = {name: len(function.labels) for name, function in functions.items()}
     else:
         if split is not None or val_split is not None:
             raise ValueError("--split and --val-split choose STL-10 splits; an image folder's layout gives its splits.")
-        classes, samples, description = folder_layout(src)
-        functions = {name: _FileBytes(items) for name, items in samples.items()}
+        classes, samples, description, mask_paths = folder_layout(src, masks)
+        functions = {
+            name: _FileBytes(items, None if mask_paths is None else mask_paths[name]) for name, items in samples.items()
+        }
         labels = {name: [label for _, label in items] for name, items in samples.items()}
         sizes = {name: len(items) for name, items in samples.items()}
     dest.mkdir(parents=True, exist_ok=True)
@@ -183,6 +221,8 @@ def prepare(
             name: {"size": sizes[name], "labels": labels[name] if len(classes) >= 2 else None} for name in functions
         },
     }
+    if masks is not None:
+        index["masks"] = {"ignore_index": ignore_index}
     partial = dest / f".{INDEX_FILE}.partial"
     partial.write_text(json.dumps(index))
     partial.replace(dest / INDEX_FILE)  # last, and atomic: its presence means the shards are whole
@@ -205,6 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--num-workers", type=int, default=1, help="processes writing shards (default 1)")
     parser.add_argument("--chunk-bytes", default="64MB", help="bytes per shard file, e.g. 64MB (default)")
+    parser.add_argument(
+        "--masks",
+        default=None,
+        help="image folders: a folder of index-PNG class masks mirroring SRC (same relative paths, .png), "
+        "stored with the images",
+    )
+    parser.add_argument(
+        "--ignore-index",
+        type=int,
+        default=IGNORE_INDEX,
+        help=f"the masks' value of ignored pixels (default {IGNORE_INDEX})",
+    )
     return parser
 
 
@@ -214,7 +266,16 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         if args.num_workers < 1:
             raise ValueError(f"--num-workers must be >= 1, got {args.num_workers}.")
-        index = prepare(args.src, args.dest, args.split, args.val_split, args.num_workers, args.chunk_bytes)
+        index = prepare(
+            args.src,
+            args.dest,
+            args.split,
+            args.val_split,
+            args.num_workers,
+            args.chunk_bytes,
+            masks=args.masks,
+            ignore_index=args.ignore_index,
+        )
     except (ValueError, OSError, ImportError) as error:
         if os.environ.get("IJEPA_DEBUG"):
             raise
@@ -269,7 +330,9 @@ def decode(data: bytes | memoryview, name: str) -> Image.Image:
 class ShardImages(Dataset):
     """One written split as a map-style dataset: ``(transform(image), label)`` by index, in the
     order of the source. The ``StreamingDataset`` opens on first access in each process, so the
-    dataset pickles small into DataLoader workers."""
+    dataset pickles small into DataLoader workers. ``masks`` (``{"ignore_index": int}``, shards
+    written with ``--masks``): items are ``transform(image, {"label", "mask", "count": -1})``, as
+    an image folder's with ``masks``."""
 
     def __init__(
         self,
@@ -278,10 +341,12 @@ class ShardImages(Dataset):
         classes: list[str],
         transform: Callable | None = None,
         cache_dir: str | None = None,
+        masks: dict | None = None,
     ):
         self.url, self.targets, self.classes = url, labels, classes
         self.class_to_idx = {name: i for i, name in enumerate(classes)}
         self.transform, self.cache_dir = transform, cache_dir
+        self.masks = masks
         self._stream = None
 
     def __len__(self) -> int:
@@ -307,6 +372,11 @@ class ShardImages(Dataset):
         index = int(index) % len(self)
         item = self.stream()[index]
         image = decode(item["image"], f"{self.url} item {index}")
+        if self.masks is not None:
+            name = f"{self.url} item {index}"
+            mask = load_mask(f"{name} mask", name, image.size, self.masks["ignore_index"], data=item["mask"])
+            target = {"label": int(item["label"]), "mask": mask, "count": UNKNOWN_COUNT}
+            return self.transform(image, target) if self.transform is not None else (image, target)
         if self.transform is not None:
             image = self.transform(image)
         return image, int(item["label"])
@@ -318,7 +388,9 @@ class ShardsSource(DataSource):
     :class:`ImageFolderSource`: with a written ``val`` split, that is the probes' queries and
     ``val/loss``; otherwise a deterministic, class-balanced ``holdout_fraction`` of the labelled
     images is held out for probing and not pretrained on (unlabelled images, as STL-10's, are
-    always pretrained on). Unlabelled shards pretrain on everything.
+    always pretrained on). Unlabelled shards pretrain on everything. Shards written with
+    ``--masks`` give dense items ``(image, {"label", "mask", "count"})``, as the image folder
+    with ``masks`` does (batches :class:`~ijepa.data.batch.DenseBatch`).
 
     Args:
         root: the folder or URL that ``ijepa prepare`` wrote (holding ``ijepa_shards.json``).
@@ -359,7 +431,9 @@ class ShardsSource(DataSource):
             return [UNLABELLED] * written[name]["size"] if stored is None else stored
 
         def make(name: str, transform: Callable) -> ShardImages:
-            return ShardImages(_join(self.root, name), labels(name), classes, transform, self.cache_dir)
+            return ShardImages(
+                _join(self.root, name), labels(name), classes, transform, self.cache_dir, index.get("masks")
+            )
 
         train_labels = labels("train")
         pretrain_set = make("train", settings.train_transform)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from torch.utils.data import Dataset, Subset
 
-from ijepa.data.imagefolder import BAD_IMAGE_POLICIES, RobustImageFolder
+from ijepa.data.batch import IGNORE_INDEX
+from ijepa.data.imagefolder import BAD_IMAGE_POLICIES, RobustImageFolder, check_mask_options
 from ijepa.data.moving_shapes import MovingShapesClips, check_clip_options
 from ijepa.data.shapes import ShapesDataset, check_shape_options
 from ijepa.data.stl10 import STL10
@@ -253,24 +254,49 @@ class ImageFolderSource(DataSource):
             (warn and leave them out).
         holdout_fraction: share of each class held out for probing when there is no val split
             (unlabelled folders: the share of the training images that val/loss reuses).
+        masks: a folder of per-pixel class masks laid out as ``root`` (``masks/train/...`` for
+            ``root/train/...``), each image's mask at its relative path with a ``.png``
+            extension: index PNGs (mode ``L`` or ``P``), the value the class, the ADE20K / VOC
+            convention. Items are then ``(image, {"label", "mask", "count"})`` (count ``-1``,
+            unknown), batches :class:`~ijepa.data.batch.DenseBatch`. Null: no masks.
+        ignore_index: the mask value of pixels to ignore (0 to 255), mapped to
+            :data:`~ijepa.data.batch.IGNORE_INDEX`.
     """
 
-    def __init__(self, root: str = "data", bad_images: str = "error", holdout_fraction: float = 0.2):
+    def __init__(
+        self,
+        root: str = "data",
+        bad_images: str = "error",
+        holdout_fraction: float = 0.2,
+        masks: str | None = None,
+        ignore_index: int = IGNORE_INDEX,
+    ):
         if bad_images not in BAD_IMAGE_POLICIES:
             raise ValueError(f"bad_images must be one of {BAD_IMAGE_POLICIES}, got {bad_images!r}.")
         check_fraction(holdout_fraction, "holdout_fraction")
+        check_mask_options(masks, ignore_index)
         self.root = root
         self.bad_images = bad_images
         self.holdout_fraction = holdout_fraction
+        self.masks = masks
+        self.ignore_index = ignore_index
 
     def splits(self, settings: SplitSettings) -> Splits:
+        root = Path(self.root)
+
         def make(path: Path, training: bool, class_to_idx: dict | None) -> Dataset:
             transform = settings.train_transform if training else settings.eval_transform
+            masks = None if self.masks is None else str(Path(self.masks) / path.relative_to(root))
             return RobustImageFolder(
-                str(path), transform=transform, bad_images=self.bad_images, class_to_idx=class_to_idx
+                str(path),
+                transform=transform,
+                bad_images=self.bad_images,
+                class_to_idx=class_to_idx,
+                masks=masks,
+                ignore_index=self.ignore_index,
             )
 
-        return folder_splits("image", make, Path(self.root), f"{settings.option}.root", self.holdout_fraction)
+        return folder_splits("image", make, root, f"{settings.option}.root", self.holdout_fraction)
 
 
 class ShapesSource(DataSource):
@@ -284,6 +310,10 @@ class ShapesSource(DataSource):
         background: plain, noisy or busy.
         num_objects: range of instances of the image's class per image.
         radius: range of an object's radius as a fraction of the image side.
+        dense: items are ``(image, {"label", "mask", "count"})``: each image's per-pixel class
+            mask (``0`` background, ``label + 1`` on a shape) and its number of shapes, moved
+            with the image by the transforms, for the segmentation and counting evaluations
+            (batches: :class:`~ijepa.data.batch.DenseBatch`).
     """
 
     def __init__(
@@ -293,15 +323,19 @@ class ShapesSource(DataSource):
         background: str = "plain",
         num_objects: tuple[int, int] = (1, 1),
         radius: tuple[float, float] = (0.2, 0.42),
+        dense: bool = False,
     ):
         check_count(train_size, "train_size")
         check_count(val_size, "val_size")
         check_shape_options(background, num_objects, radius)
+        if not isinstance(dense, bool):
+            raise ValueError(f"dense must be a bool (true: items carry masks and counts), got {dense!r}.")
         self.train_size = train_size
         self.val_size = val_size
         self.background = background
         self.num_objects = tuple(num_objects)
         self.radius = tuple(radius)
+        self.dense = dense
 
     def splits(self, settings: SplitSettings) -> Splits:
         # Rendered at the model's image size; the transforms only normalise (and crop).
@@ -315,6 +349,7 @@ class ShapesSource(DataSource):
                 transform=transform,
                 num_objects=self.num_objects,
                 radius=self.radius,
+                dense=self.dense,
             )
 
         train_set = make("train", self.train_size, settings.train_transform)

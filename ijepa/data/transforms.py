@@ -1,8 +1,16 @@
-"""Pixel normalisation shared by every data source and by the pictures that undo it, and the\nevaluation transform."""
+"""Pixel normalisation shared by every data source and by the pictures that undo it, and the
+evaluation transform.
+
+Dense samples: every transform here also takes ``(image, target)``, ``target`` a dict holding a
+``tv_tensors.Mask`` (:class:`~ijepa.data.shapes.ShapesDataset` with ``dense=True``, image folders
+with ``masks``), and returns ``(image, target)`` with the mask resized and cropped as the image
+(nearest: class ids are never interpolated) and left unnormalised, as torchvision's v2
+transforms do when called with both."""
 
 from __future__ import annotations
 
 import torch
+from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -32,7 +40,11 @@ class ToNormalizedFloat:
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+    def __call__(self, image: torch.Tensor, *rest):
+        """The normalised image; with more arguments (``(image, target)``, a dense sample),
+        ``(normalised image, *rest)``, ``rest`` (the mask among it) unchanged."""
+        if rest:
+            return (self(image), *rest)
         image = image.as_subclass(torch.Tensor)
         if image.dtype == torch.uint8:
             image = image.to(torch.float32).mul_(1.0 / 255)
@@ -55,19 +67,39 @@ class ResizeCentreCrop:
         self.resize = v2.Resize(size, antialias=True)
         self.crop = v2.CenterCrop(size)
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+    def __call__(self, image: torch.Tensor, *rest):
+        """The resized, cropped image; with more arguments (``(image, target)``, a dense sample)
+        the tuple with the masks in ``rest`` resized and cropped alike (nearest)."""
         if isinstance(image, torch.Tensor) and tuple(image.shape[-2:]) == (self.size, self.size):
-            return image
+            if not rest:
+                return image
+            if all(tuple(mask.shape[-2:]) == (self.size, self.size) for mask in _masks(rest)):
+                return (image, *rest)
+        if rest:  # the v2 transforms refuse a mask whose size is not its image's
+            return self.crop(*self.resize(image, *rest))
         return self.crop(self.resize(image))
 
     def __repr__(self) -> str:
         return f"ResizeCentreCrop(size={self.size})"
 
 
+def _masks(values) -> list[torch.Tensor]:
+    """The ``tv_tensors.Mask`` leaves of nested tuples, lists and dicts."""
+    if isinstance(values, tv_tensors.Mask):
+        return [values]
+    if isinstance(values, dict):
+        values = list(values.values())
+    if isinstance(values, (tuple, list)):
+        return [mask for value in values for mask in _masks(value)]
+    return []
+
+
 def eval_transform(size: int) -> v2.Compose:
     """The deterministic evaluation transform of the probes, ``predict`` and ``ijepa eval``: resize
     the short side to ``size``, centre crop, ImageNet-normalise; ``uint8`` or PIL image ->
-    ``float32 [3, size, size]``."""
+    ``float32 [3, size, size]``. Called as ``transform(image, target)`` (a dense sample) it
+    returns ``(image, target)`` with ``target``'s mask resized (nearest) and cropped alike, its
+    class ids unchanged."""
     return v2.Compose([v2.ToImage(), ResizeCentreCrop(size), ToNormalizedFloat(IMAGENET_MEAN, IMAGENET_STD)])
 
 

@@ -423,6 +423,7 @@ def test_a_source_is_stored_in_the_checkpoint_as_plain_values_and_rebuilt_from_t
             "background": "busy",
             "num_objects": (1, 1),
             "radius": (0.2, 0.42),
+            "dense": False,
         },
     }
     rebuilt = source_from_config(stored)
