@@ -5,6 +5,7 @@ and the ``ijepa eval`` protocols (``ijepa.evaluation``) fit and score.
 - :mod:`~ijepa.classifiers.knn`: the cosine-weighted k-NN vote, one k or a sweep;
 - :mod:`~ijepa.classifiers.logistic`: L-BFGS logistic regression (scikit-learn's objective);
 - :mod:`~ijepa.classifiers.heads`: grids of linear and attentive heads trained together;
+- :mod:`~ijepa.classifiers.segmentation`: grids of linear segmentation heads on patch tokens, mIoU;
 - :mod:`~ijepa.classifiers.metrics`: top-1 accuracy.
 
 The labelled collate and the evaluation transform are data: :func:`ijepa.data.collate.labeled_collate`
@@ -28,6 +29,14 @@ from ijepa.classifiers.heads import (
 from ijepa.classifiers.knn import knn_scores, knn_sweep
 from ijepa.classifiers.logistic import default_Cs, fit_logistic, l2_of_C, logreg_fit, logreg_sweep
 from ijepa.classifiers.metrics import top1
+from ijepa.classifiers.segmentation import (
+    SegmentationHeadGrid,
+    confusion_matrices,
+    grid_confusions,
+    segmentation_grid_loss,
+    segmentation_scores,
+    upsample_logits,
+)
 
 __all__ = [
     "AttentiveHead",
@@ -35,6 +44,8 @@ __all__ = [
     "Features",
     "HeadGridTrainer",
     "LinearHeadGrid",
+    "SegmentationHeadGrid",
+    "confusion_matrices",
     "cosine_schedule",
     "default_Cs",
     "extract_features",
@@ -42,6 +53,7 @@ __all__ = [
     "fit_logistic",
     "gather_in_order",
     "grid_accuracy",
+    "grid_confusions",
     "grid_loss",
     "grid_optimizer",
     "grid_scores",
@@ -51,6 +63,9 @@ __all__ = [
     "logreg_fit",
     "logreg_sweep",
     "product_grid",
+    "segmentation_grid_loss",
+    "segmentation_scores",
     "shard_indices",
     "top1",
+    "upsample_logits",
 ]

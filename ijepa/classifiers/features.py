@@ -21,11 +21,13 @@ from ijepa.data.collate import labeled_collate
 
 class Features(NamedTuple):
     """``features [N, ...]`` and ``labels [N]`` of a split's labelled items, and each row's index
-    in the dataset, ``positions [N]``."""
+    in the dataset, ``positions [N]``; ``extras``: the per-item tensors asked for besides (dense
+    masks and counts), by name, in the same rows."""
 
     features: torch.Tensor
     labels: torch.Tensor
     positions: torch.Tensor
+    extras: dict[str, torch.Tensor] | None = None
 
 
 def shard_indices(size: int, rank: int, world: int) -> list[int]:
@@ -57,11 +59,14 @@ def extract_features(
     all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
     pin_memory: bool = False,
     what: str = "the data",
+    extras: dict[str, Callable[[LabeledBatch], torch.Tensor]] | None = None,
 ) -> Features:
     """``encode(batch)`` (``[B, ...]`` features of a :class:`~ijepa.data.batch.LabeledBatch` on
     ``device``; clips carry ``frame_times``) of every labelled item of ``dataset`` (label ``>= 0``),
     as float32 on ``device``, in the dataset's order. ``batch_size`` is per process. Unlabelled
-    items never enter a classifier; a split without any is a ValueError naming ``what``."""
+    items never enter a classifier; a split without any is a ValueError naming ``what``.
+    ``extras`` (name -> ``fn(batch) -> [B, ...]``, e.g. a dense batch's masks) are gathered
+    alongside the labels into :attr:`Features.extras`."""
     size = len(dataset)
     loader = DataLoader(
         dataset,
@@ -72,13 +77,19 @@ def extract_features(
         pin_memory=pin_memory,
     )
     features, labels = [], []
+    found = {name: [] for name in extras or {}}
     for batch in loader:
         batch = batch.to(device)
         features.append(encode(batch).float())
         labels.append(batch.labels.to(device))
+        for name, take in (extras or {}).items():
+            found[name].append(take(batch))
     features = gather_in_order(torch.cat(features), all_gather, world, size)
     labels = gather_in_order(torch.cat(labels), all_gather, world, size)
     keep = labels >= 0
     if not keep.any():
         raise ValueError(f"{what} gave no labelled images (labels >= 0).")
-    return Features(features[keep], labels[keep], torch.nonzero(keep).flatten())
+    gathered = {
+        name: gather_in_order(torch.cat(values), all_gather, world, size)[keep] for name, values in found.items()
+    }
+    return Features(features[keep], labels[keep], torch.nonzero(keep).flatten(), gathered if extras else None)

@@ -257,7 +257,8 @@ class HeadGridTrainer:
     batch's features it takes) has one head per ``(lrs[h], weight_decays[h])``, its own optimiser
     (:func:`grid_optimizer`) and a cosine schedule over ``total_steps`` after ``warmup_steps``.
     :meth:`step` trains every head on one batch; what it trains on (cached features or images
-    encoded on the fly) is the caller's."""
+    encoded on the fly) is the caller's. ``loss(logits, targets)`` is the grid's summed loss
+    (:func:`grid_loss`; segmentation grids: :func:`~ijepa.classifiers.segmentation.segmentation_grid_loss`)."""
 
     def __init__(
         self,
@@ -267,8 +268,9 @@ class HeadGridTrainer:
         optimizer: str,
         total_steps: int,
         warmup_steps: int = 0,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = grid_loss,
     ):
-        self.grids = grids
+        self.grids, self.loss = grids, loss
         self.optimizers = [grid_optimizer(grid, lrs, weight_decays, kind=optimizer) for grid, _ in grids]
         self.schedules = [cosine_schedule(o, total_steps, warmup_steps) for o in self.optimizers]
 
@@ -276,7 +278,7 @@ class HeadGridTrainer:
         """One step of every head on ``features`` (the whole global batch) -> the summed loss."""
         with torch.inference_mode(False), torch.enable_grad():  # the probes run under inference mode
             features, labels = features.clone(), labels.clone()
-            loss = sum(grid_loss(grid(read(features)), labels) for grid, read in self.grids)
+            loss = sum(self.loss(grid(read(features)), labels) for grid, read in self.grids)
             for optimizer in self.optimizers:
                 optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -16,7 +16,18 @@ from lightning.fabric import Fabric
 
 from ijepa.checkpoint import atomic_save
 
-KINDS = ("blocks", "tokens")  # block_means [N, n, D]; tokens [N, K, D]
+KINDS = ("blocks", "tokens", "patches")  # block_means [N, n, D]; tokens [N, K, D]; block_tokens [N, n, K, D]
+TARGETS = ("masks", "counts")  # what dense data adds to an entry besides its labels
+
+
+def last_blocks_of(features: torch.Tensor, kind: str, last_blocks: int) -> torch.Tensor:
+    """``blocks`` ``[N, n, D] -> [N, last_blocks * D]``; ``patches`` ``[N, n, K, D] -> [N, K,
+    last_blocks * D]`` (each token's last blocks concatenated, oldest first); ``tokens`` unchanged."""
+    if kind == "blocks":
+        return features[:, features.size(1) - last_blocks :].flatten(1)
+    if kind == "patches":
+        return features[:, features.size(1) - last_blocks :].transpose(1, 2).flatten(2)
+    return features
 
 
 class FeatureCache:
@@ -44,7 +55,8 @@ class FeatureCache:
 
     def get(self, fabric: Fabric, split: str, kind: str, last_blocks: int, make) -> dict[str, torch.Tensor]:
         """The split's features (``make()`` extracts them), with block features cut to the last
-        ``last_blocks`` blocks, flattened to ``[N, last_blocks * D]``."""
+        ``last_blocks`` blocks (:func:`last_blocks_of`), and, for dense data, its ``masks`` and
+        ``counts``."""
         entry = self.memory.get((split, kind))
         if entry is None and self.folder is not None and self.path(split, kind).is_file():
             entry = torch.load(self.path(split, kind), map_location="cpu", weights_only=True)
@@ -52,7 +64,7 @@ class FeatureCache:
                 entry = None  # a hash collision or a hand-edited file: never trust it
             else:
                 self.reused.append((split, kind))
-        if entry is None or (kind == "blocks" and entry["last_blocks"] < last_blocks):
+        if entry is None or (kind != "tokens" and entry["last_blocks"] < last_blocks):
             entry = {
                 **make(),
                 "last_blocks": last_blocks,
@@ -63,7 +75,6 @@ class FeatureCache:
                 atomic_save(entry, self.path(split, kind))
             fabric.barrier()
         self.memory[(split, kind)] = entry
-        features = entry["features"]
-        if kind == "blocks":
-            features = features[:, features.size(1) - last_blocks :].flatten(1)
-        return {"features": features, "labels": entry["labels"], "positions": entry["positions"]}
+        found = {"features": last_blocks_of(entry["features"], kind, last_blocks)}
+        found.update({key: entry[key] for key in ("labels", "positions", *TARGETS) if key in entry})
+        return found

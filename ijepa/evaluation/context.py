@@ -4,10 +4,15 @@ validation split carved from the train labels, and batches of augmented training
 Every draw (validation split, batch order, augmentation) is a function of the evaluation's seed
 and, for batches, of ``(epoch, index)``, as in ``ijepa fit`` (:mod:`ijepa.data.sampling`), so a
 run on ``world`` processes sees the same global batches as a run on one.
+
+Dense data (items ``(image, {"label", "mask", "count"})``, :class:`~ijepa.data.batch.DenseBatch`)
+adds each image's mask and object count to its features; :meth:`EvalContext.with_target` gives
+the same context with masks or count classes in place of the labels, for the dense protocols.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,10 +22,10 @@ from lightning.fabric import Fabric
 from torch.utils.data import DataLoader, Subset
 
 from ijepa.classifiers import extract_features, gather_in_order
-from ijepa.data.batch import LabeledBatch
+from ijepa.data.batch import IGNORE_INDEX, LabeledBatch
 from ijepa.data.collate import labeled_collate
 from ijepa.data.sampling import EpochSampler, SeededSamples, mix_seed
-from ijepa.evaluation.cache import KINDS, FeatureCache
+from ijepa.evaluation.cache import KINDS, TARGETS, FeatureCache, last_blocks_of
 from ijepa.evaluation.data import EvalData
 from ijepa.evaluation.encoders import FrozenEncoder
 from ijepa.evaluation.splits import validation_split
@@ -39,13 +44,35 @@ def encode(
     frame_times: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One batch through the frozen encoder, under the run's precision, as float32: ``[B, last_blocks, D]``
-    block means (``blocks``) or ``[B, K, D]`` tokens (``tokens``). Clips come with their ``frame_times``."""
+    block means (``blocks``), ``[B, K, D]`` tokens (``tokens``) or ``[B, last_blocks, K, D]`` tokens
+    of the last blocks (``patches``). Clips come with their ``frame_times``."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
     times = {} if frame_times is None else {"frame_times": frame_times}
     with torch.no_grad(), fabric.autocast():
-        out = encoder.tokens(images, **times) if kind == "tokens" else encoder.block_means(images, last_blocks, **times)
+        if kind == "tokens":
+            out = encoder.tokens(images, **times)
+        elif kind == "patches":
+            out = encoder.block_tokens(images, last_blocks, **times)
+        else:
+            out = encoder.block_means(images, last_blocks, **times)
     return out.float()
+
+
+def _masks_uint8(batch) -> torch.Tensor:
+    if batch.masks.numel() and (batch.masks.min() < 0 or batch.masks.max() > IGNORE_INDEX):
+        raise ValueError(f"mask values must be class ids in 0..{IGNORE_INDEX} ({IGNORE_INDEX}: ignored).")
+    return batch.masks.to(torch.uint8)
+
+
+# What extract_features gathers of a dense batch besides its labels: its masks (as uint8: class ids
+# and IGNORE_INDEX fit, an eighth of int64's memory) and object counts.
+DENSE_EXTRAS = {"masks": _masks_uint8, "counts": lambda batch: batch.counts}
+
+
+def is_dense(dataset) -> bool:
+    """Whether ``dataset``'s items carry masks and counts (``(image, {"label", "mask", "count"})``)."""
+    return len(dataset) > 0 and isinstance(dataset[0][1], dict)
 
 
 @dataclass
@@ -58,18 +85,80 @@ class EvalContext:
     seed: int
     logged: dict = field(default_factory=dict)
     _split: tuple[torch.Tensor, torch.Tensor] | None = None
+    target: str = "labels"  # what features() hands out beside the features: labels, masks or counts (as classes)
 
     @property
     def num_classes(self) -> int:
+        """Classes of the target: the source's image classes; for masks, 1 + the largest class id in
+        the train split's masks; for counts, the distinct counts of the train split."""
+        if self.target == "masks":
+            masks = self._entry("train", "blocks", 1)["masks"]
+            kept = masks[masks != IGNORE_INDEX]
+            return int(kept.max()) + 1 if kept.numel() else 1
+        if self.target == "counts":
+            return len(self.count_classes)
         if self.data.num_classes is None:
             self.features("train", "blocks", 1)
         return self.data.num_classes
 
+    @property
+    def count_classes(self) -> torch.Tensor:
+        """The distinct object counts of the train split, ascending: count class ``i`` is ``count_classes[i]``."""
+        return torch.unique(self._entry("train", "blocks", 1)["counts"])
+
+    def with_target(self, target: str, who: str) -> EvalContext:
+        """This context with ``target`` (``masks`` or ``counts``) in place of the labels: ``features()``,
+        ``train_val()``, ``val_features()`` and ``augmented_batches()`` hand out masks ``[N, H, W]`` or
+        count classes (:attr:`count_classes`; a count the train split lacks is ``-1``, never predicted).
+        The validation split stays that of the labels. One line naming ``who`` (the protocol) for
+        data without them."""
+        if target not in ("labels", *TARGETS):
+            raise ValueError(f"target must be one of {('labels', *TARGETS)}, got {target!r}.")
+        if target == "labels":
+            return dataclasses.replace(self, target=target)
+        name = type(self.data.source).__name__
+        if self.data.clips:
+            raise ValueError(f"{who} needs images with {target}; data.source {name} gives clips.")
+        if not is_dense(self.data.dataset("train", self.size)):
+            how = (
+                "set data.source.init_args.dense: true (ijepa.data.ShapesSource)"
+                if target == "counts"
+                else "set data.source.init_args.dense: true (ijepa.data.ShapesSource) or masks: <folder of masks> "
+                "(ijepa.data.ImageFolderSource)"
+            )
+            raise ValueError(
+                f"{who} needs {'object counts' if target == 'counts' else 'masks'}: data.source {name} gives none; {how}."
+            )
+        if target == "counts":
+            counts = self._entry("train", "blocks", 1)["counts"]
+            if (counts < 0).any():
+                raise ValueError(
+                    f"{who} needs object counts: data.source {name} does not know them ({int((counts < 0).sum())} of "
+                    f"{len(counts)} train images have count -1); use a source that counts its objects (ijepa.data.ShapesSource "
+                    "with dense: true)."
+                )
+        return dataclasses.replace(self, target=target)
+
+    def _targets(self, entry: dict) -> torch.Tensor:
+        if self.target == "labels":
+            return entry["labels"]
+        if self.target == "masks":
+            return entry["masks"]
+        return self.count_class(entry["counts"])
+
+    def count_class(self, counts: torch.Tensor) -> torch.Tensor:
+        """Each count's class (its index in :attr:`count_classes`), ``-1`` for a count the train split lacks."""
+        classes = self.count_classes.to(counts.device)
+        index = torch.searchsorted(classes, counts).clamp_max(len(classes) - 1)
+        return torch.where(classes[index] == counts, index, torch.full_like(index, -1))
+
     def features(self, split: str, kind: str = "blocks", last_blocks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(features, labels)`` of the whole ``train`` or ``test`` split (evaluation transform):
-        ``[N, last_blocks * D]`` block features or ``[N, K, D]`` tokens, ``[N]`` labels."""
+        """``(features, targets)`` of the whole ``train`` or ``test`` split (evaluation transform):
+        ``[N, last_blocks * D]`` block features, ``[N, K, D]`` tokens or ``[N, K, last_blocks * D]``
+        tokens of the last blocks (``patches``); ``[N]`` labels (or count classes) or ``[N, H, W]``
+        masks, as :attr:`target` says."""
         entry = self._entry(split, kind, last_blocks)
-        return entry["features"], entry["labels"]
+        return entry["features"], self._targets(entry)
 
     def extract(self, dataset, kind: str, last_blocks: int) -> dict[str, torch.Tensor]:
         """``{"features", "labels", "positions"}`` of every labelled item of ``dataset``, on the CPU
@@ -78,6 +167,8 @@ class EvalContext:
 
         def encode_batch(batch: LabeledBatch) -> torch.Tensor:
             return encode(fabric, self.encoder, batch.images, kind, last_blocks, batch.frame_times)
+
+        extras = DENSE_EXTRAS if is_dense(dataset) else None
 
         found = extract_features(
             dataset,
@@ -89,8 +180,10 @@ class EvalContext:
             world=fabric.world_size,
             all_gather=fabric.all_gather,
             what="data.source",
+            extras=extras,
         )
-        return {name: value.cpu() for name, value in found._asdict().items()}
+        found = {**found._asdict(), **(found.extras or {})}
+        return {name: value.cpu() for name, value in found.items() if name != "extras"}
 
     def _entry(self, split: str, kind: str, last_blocks: int) -> dict:
         def make():
@@ -128,11 +221,11 @@ class EvalContext:
 
         split = f"val-{self.data.val_fraction}-{self.seed}"  # the validation part depends on both
         entry = self.cache.get(self.fabric, split, kind, last_blocks, make)
-        return entry["features"], entry["labels"]
+        return entry["features"], self._targets(entry)
 
     def train_val(self, kind: str, last_blocks: int) -> tuple[torch.Tensor, ...]:
         """``(x_train, y_train, x_val, y_val)``: the train split's features without and with only
-        its validation part."""
+        its validation part (``y``: the :attr:`target`)."""
         x, y = self.features("train", kind, last_blocks)
         return x[self.train_idx], y[self.train_idx], x[self.val_idx], y[self.val_idx]
 
@@ -153,7 +246,8 @@ class EvalContext:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Global batches of augmented training images (the validation part excluded), encoded
         on the fly: each process encodes ``batch_size / world`` images and every process gets the
-        features of all of them, in the order one process would see."""
+        features of all of them, in the order one process would see, with their :attr:`target`
+        (masks cropped and flipped with their images)."""
         self.steps_per_epoch(batch_size)  # checks the batch size
         fabric, world = self.fabric, self.fabric.world_size
         positions = self._entry("train", "blocks", 1)["positions"][self.train_idx].tolist()
@@ -182,11 +276,16 @@ class EvalContext:
         for batch in loader:
             batch = batch.to(fabric.device)
             features = encode(fabric, self.encoder, batch.images, kind, last_blocks, batch.frame_times)
-            if kind == "blocks":
-                features = features.flatten(1)
+            features = last_blocks_of(features, kind, last_blocks)
+            if self.target == "labels":
+                targets = batch.labels
+            elif self.target == "masks":
+                targets = batch.masks
+            else:
+                targets = self.count_class(batch.counts)
             yield (
                 gather_in_order(features, fabric.all_gather, world),
-                gather_in_order(batch.labels, fabric.all_gather, world),
+                gather_in_order(targets, fabric.all_gather, world),
             )
 
     def warn(self, message: str) -> None:

@@ -1,10 +1,11 @@
 """The frozen encoder an evaluation reads: from an ``ijepa fit`` checkpoint (or a weights-only
 ``ijepa convert ... ckpt``), a Hugging Face ``IJepaModel`` folder, or raw pixels as a baseline.
 
-Every kind answers the same two questions, so the protocols never ask which kind they hold:
+Every kind answers the same questions, so the protocols never ask which kind they hold:
 :meth:`FrozenEncoder.block_means` (mean-pooled, normed outputs of the last blocks, what linear
-heads, logistic regression and k-NN read) and :meth:`FrozenEncoder.tokens` (every token of the
-last block, what the attentive probe reads). Clip encoders answer them for clips, with their
+heads, logistic regression and k-NN read), :meth:`FrozenEncoder.tokens` (every token of the
+last block, what the attentive probe reads) and :meth:`FrozenEncoder.block_tokens` (every token
+of the last blocks, what the segmentation heads read). Clip encoders answer them for clips, with their
 frame times; an ijepa checkpoint can be evaluated at another image size, patch size or frame
 count, adapted as ``ijepa validate`` adapts it (:func:`adapt_ijepa`, :func:`rebuild_at`).
 """
@@ -59,6 +60,20 @@ class FrozenEncoder(nn.Module):
         block's normed output at every token."""
         raise NotImplementedError
 
+    @torch.no_grad()
+    def block_tokens(
+        self, images: torch.Tensor, last_blocks: int, frame_times: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[B, 3, H, W] -> [B, last_blocks, K, D]``: each of the last blocks' normed output at
+        every token (oldest block first; tokens row-major on the :attr:`token_grid`)."""
+        raise NotImplementedError
+
+    @property
+    def token_grid(self) -> tuple[int, int]:
+        """``(rows, columns)`` of an image's patch tokens."""
+        side = self.image_size // self.patch_size
+        return side, side
+
 
 class ViTEncoder(FrozenEncoder):
     """A trained :class:`~ijepa.nn.vit.VisionTransformer`, of images or clips. A clip encoder
@@ -98,6 +113,14 @@ class ViTEncoder(FrozenEncoder):
     def tokens(self, images: torch.Tensor, frame_times: torch.Tensor | None = None) -> torch.Tensor:
         return self.network(images, **self.times(frame_times))
 
+    @torch.no_grad()
+    def block_tokens(
+        self, images: torch.Tensor, last_blocks: int, frame_times: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if not 1 <= last_blocks <= self.depth:
+            raise ValueError(f"last_blocks must be in 1..{self.depth} (the encoder's depth), got {last_blocks}.")
+        return torch.stack(self.network.block_outputs(images, last_blocks, **self.times(frame_times)), dim=1)
+
 
 class PixelEncoder(FrozenEncoder):
     """Raw pixels as features, the floor every encoder should clear: the pooled feature is the
@@ -134,6 +157,14 @@ class PixelEncoder(FrozenEncoder):
             return tubes.permute(0, 2, 3, 4, 1, 5, 6, 7).flatten(4).flatten(1, 3)
         patches = images.unfold(2, p, p).unfold(3, p, p)  # [B, C, H/p, W/p, p, p]
         return patches.permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2)
+
+    @torch.no_grad()
+    def block_tokens(
+        self, images: torch.Tensor, last_blocks: int, frame_times: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if last_blocks != 1:
+            raise ValueError(f"last_blocks must be 1 for raw pixels (one 'block'), got {last_blocks}.")
+        return self.tokens(images, frame_times).unsqueeze(1)
 
 
 def file_digest(path: Path) -> str:

@@ -24,6 +24,7 @@ from ijepa.classifiers import (
     HeadGridTrainer,
     LinearHeadGrid,
     feature_batches,
+    grid_loss,
     grid_scores,
     knn_sweep,
     logreg_sweep,
@@ -52,9 +53,9 @@ def _check_counts(values: list, name: str) -> list[int]:
     return [int(value) for value in values]
 
 
-def select(heads: list[dict]) -> dict:
-    """The head with the best validation score; ties go to the first in grid order."""
-    return max(heads, key=lambda head: head["val_top1"])  # max keeps the first of equal scores
+def select(heads: list[dict], score: str = "val_top1") -> dict:
+    """The head with the best validation ``score``; ties go to the first in grid order."""
+    return max(heads, key=lambda head: head[score])  # max keeps the first of equal scores
 
 
 def grid_edges(heads: list[dict], selected: str | None) -> list[tuple[str, float, str]]:
@@ -80,9 +81,12 @@ def grid_edges(heads: list[dict], selected: str | None) -> list[tuple[str, float
 
 class Protocol(abc.ABC):
     """Base of the protocols. ``kind`` names the protocol in the results (``<name>.json``);
-    ``name`` (default: the kind) tells two configurations of one kind apart."""
+    ``name`` (default: the kind) tells two configurations of one kind apart; ``reads`` is the
+    target it needs of the data: image ``labels`` (every source with labels), or the ``masks``
+    or ``counts`` of dense data (:mod:`ijepa.evaluation.dense`)."""
 
     kind: str = ""
+    reads: str = "labels"
 
     def __init__(self, name: str | None = None):
         self.name = name or self.kind
@@ -96,10 +100,14 @@ class Protocol(abc.ABC):
         """``{"heads": [{"name", "settings", "val_top1"}, ...], "selected": name, "val_top1",
         "test_top1", ...}``."""
 
+    def edges(self, result: dict) -> list[tuple[str, float, str]]:
+        """The selected head's settings at an end of their sweep (:func:`grid_edges`)."""
+        return grid_edges(result["heads"], result["selected"])
+
     def run(self, ctx: EvalContext) -> dict:
         start = time.perf_counter()
         result = self.evaluate(ctx)
-        result["at_grid_edge"] = grid_edges(result["heads"], result["selected"])
+        result["at_grid_edge"] = self.edges(result)
         for key, value, side in result["at_grid_edge"]:
             ctx.warn(
                 f"{self.name}: the selected head's {key}={value:g} is the {side} of the {key} values tried; the best "
@@ -354,6 +362,7 @@ class HeadGridProtocol(Protocol):
     score is tested. Subclasses build the grids (:meth:`grids`) and say which features they read."""
 
     feature_kind = "blocks"
+    loss = staticmethod(grid_loss)  # the grid's summed loss of (logits, targets)
 
     def __init__(
         self,
@@ -402,7 +411,7 @@ class HeadGridProtocol(Protocol):
         grids = [(label, settings, grid.to(ctx.fabric.device)) for label, settings, grid in self.grids(ctx, width)]
         lrs, wds = [p[0] for p in self.points], [p[1] for p in self.points]
         readers = [(grid, self.reader(settings)) for _, settings, grid in grids]
-        return grids, HeadGridTrainer(readers, lrs, wds, self.optimizer, total_steps, warmup_steps)
+        return grids, HeadGridTrainer(readers, lrs, wds, self.optimizer, total_steps, warmup_steps, loss=self.loss)
 
     def reader(self, settings: dict):
         """``features -> grid input`` of the grid with ``settings`` (:meth:`grid_input`)."""
@@ -579,12 +588,13 @@ class AttentiveProtocol(HeadGridProtocol):
         return features
 
 
-def protocol_kinds() -> dict[str, type[Protocol]]:
-    """Every protocol class imported so far, by kind (the registry the CLI and docs read)."""
+def protocol_kinds(reads: str | None = None) -> dict[str, type[Protocol]]:
+    """Every protocol class imported so far, by kind (the registry the CLI and docs read); with
+    ``reads``, those that read that target (``labels``: every source with labels)."""
     found, stack = {}, list(Protocol.__subclasses__())
     while stack:
         cls = stack.pop()
         stack += cls.__subclasses__()
-        if cls.kind and not getattr(cls, "__abstractmethods__", None):
+        if cls.kind and not getattr(cls, "__abstractmethods__", None) and reads in (None, cls.reads):
             found[cls.kind] = cls
     return dict(sorted(found.items()))

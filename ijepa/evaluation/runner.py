@@ -185,6 +185,12 @@ class Evaluation:
 
 def summary_line(result: dict, path: Path) -> str:
     """One line per protocol: what a user reads first."""
+    if result.get("test_miou") is not None:
+        return (
+            f"{result['name']}: test mIoU {100 * result['test_miou']:.2f}, pixel accuracy "
+            f"{100 * result['test_pixel_accuracy']:.2f} with {result['selected']} (val mIoU "
+            f"{100 * result['val_miou']:.2f}, {len(result['heads'])} heads, {result['seconds']:.0f} s) -> {path}"
+        )
     if result.get("test_top1") is None:
         parts = ", ".join(
             f"{r['name']} {100 * r['mean']:.1f} ± {100 * r['std']:.1f}" for r in result["settings_results"]

@@ -86,7 +86,7 @@ def test_every_protocol_kind_evaluates_a_clip_checkpoint(clip_checkpoint, clips,
         AttentiveProtocol(lrs=[1e-3], weight_decays=[0.0], epochs=1, num_heads=2, augment=True),
         LowShotProtocol(fractions=[0.5], shots=[2], tries=1, Cs=[1.0]),
     ]
-    assert sorted({p.kind for p in protocols}) == sorted(protocol_kinds())  # every kind the registry has
+    assert sorted({p.kind for p in protocols}) == sorted(protocol_kinds("labels"))  # every labels kind the registry has
     results = evaluate(clip_checkpoint, protocols, tmp_path, data=clips, cache=False)
     for result in results:
         assert read_results(tmp_path / "out" / f"{result['name']}.json") == json.loads(json.dumps(result))
@@ -260,7 +260,7 @@ def test_the_video_quickstart_eval_config_reads_the_training_configs_clips(clip_
     parser = build_parser()
     config = ROOT / "configs/eval/video_quickstart.yaml"
     init = parser.instantiate_classes(parser.parse_args(["--config", str(config), "--checkpoint", "x.ckpt"]))
-    assert sorted(p.kind for p in init["protocols"]) == sorted(protocol_kinds())
+    assert sorted(p.kind for p in init["protocols"]) == sorted(protocol_kinds("labels"))
     source = init["data"].source
     trained = yaml.safe_load((ROOT / "configs/video_quickstart.yaml").read_text())["data"]["source"]
     assert isinstance(source, MovingShapesSource) and trained["class_path"] == "ijepa.data.MovingShapesSource"
