@@ -20,6 +20,7 @@ from ijepa.objectives import (
     context_distance_weights,
     normalize_targets,
     objective_kinds,
+    refuse_packed,
 )
 
 # tests/tiny.yaml's architecture, three blocks deep for the levels
@@ -186,6 +187,9 @@ def test_bad_options_name_the_parameter_and_range():
     with pytest.raises(ValueError, match="target_last_blocks=1"):
         _model(MultiLevelTargets(levels=2), target_last_blocks=2).jepa_loss(_batch())
     assert {ContextLoss, MultiLevelTargets} <= set(objective_kinds())
+    with pytest.raises(ValueError, match="native-resolution"):
+        refuse_packed([ContextLoss(weight=0.1)], 1)
+    refuse_packed([ContextLoss(weight=0.0), MultiLevelTargets(levels=1)], 1)  # neither changes the step
 
 
 @pytest.mark.parametrize("objective", [ContextLoss(weight=1.0, warmup_steps=2), MultiLevelTargets(levels=2)])
