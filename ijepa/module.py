@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from dataclasses import dataclass
 
 import lightning as L
 import torch
@@ -39,6 +38,17 @@ from ijepa.nn.predictor import Predictor
 from ijepa.nn.sharding import data_parallel_mesh, is_sharded, shard_network
 from ijepa.nn.video import temporal_positions
 from ijepa.nn.vit import VisionTransformer
+from ijepa.objectives import (
+    TARGET_NORMS,
+    Objective,
+    StepOutput,
+    check_resumed_levels,
+    normalize_targets,  # noqa: F401 (ijepa.module's public name since the start)
+    objective_from_config,
+    refuse_packed,
+    step_targets,
+    target_blocks,
+)
 from ijepa.optim import Schedules, build_adamw, lr_scheduler, parameter_groups, rebase_schedulers, set_weight_decay
 from ijepa.regularizers import (
     ContextTokens,
@@ -49,49 +59,6 @@ from ijepa.regularizers import (
 from ijepa.strategy import refuse_fsdp1
 
 LOSSES = ("smooth_l1", "mse")
-TARGET_NORMS = ("layer", "instance")
-
-
-def normalize_targets(features: torch.Tensor, kind: str = "layer", eps: float = 1e-5) -> torch.Tensor:
-    """Target features ``[B, N, D]`` normalised for the loss: ``layer`` over each token's ``D``
-    features (I-JEPA), ``instance`` over each feature's ``N`` tokens of one image (data2vec), which
-    removes what all of an image's patches share."""
-    if kind == "layer":
-        return F.layer_norm(features, features.shape[-1:], eps=eps)
-    if kind == "instance":
-        mean = features.mean(dim=1, keepdim=True)
-        var = features.var(dim=1, unbiased=False, keepdim=True)
-        return (features - mean) * torch.rsqrt(var + eps)
-    raise ValueError(f"target_norm must be one of {TARGET_NORMS}, got {kind!r}.")
-
-
-@dataclass
-class StepOutput:
-    """One masked batch through both branches (:meth:`IJEPA.predict_targets`,
-    :meth:`IJEPA.predict_packed`). Grid batches: ``R * B`` mask rows, ``M`` target blocks of
-    ``Kt`` patches, contexts of ``Kc``; packed batches: ``T`` target tokens in all, ``S_c``
-    context sequences of ``L_c`` slots.
-
-    Attributes:
-        predictions: ``[R * B, M, Kt, D]`` (packed: ``[T, D]``), the predictor's output.
-        targets: the same shape, the normalised target features, without gradient.
-        context: ``[R * B, Kc, D]`` (packed: ``[S_c, L_c, D]``), the context encoder's output.
-        target_features: ``[B, N, D]``, the target encoder's last block before the norm
-            (packed: each image's mean ``[B, D]``).
-        context_mask: ``[R * B, Kc]`` (packed: ``[S_c, L_c]``) True for real context tokens;
-            None when every token is real.
-        context_pooled: packed: ``[B, D]``, each image's mean context token; None for grid batches.
-        target_mask: ``[R * B, M, Kt]`` True for real target tokens (static shapes); None when
-            every target is real.
-    """
-
-    predictions: torch.Tensor
-    targets: torch.Tensor
-    context: torch.Tensor
-    target_features: torch.Tensor
-    context_mask: torch.Tensor | None = None
-    context_pooled: torch.Tensor | None = None
-    target_mask: torch.Tensor | None = None
 
 
 class IJEPA(L.LightningModule):
@@ -149,6 +116,10 @@ class IJEPA(L.LightningModule):
             chosen by ``class_path`` (:mod:`ijepa.regularizers`: ``SIGReg``, ``VarianceCovariance``)
             with its weight, input (tokens, pooled, both), projector and how it combines with the
             loss; applied in list order. Empty (default): the JEPA loss alone.
+        objectives: changes to the JEPA objective, each an object chosen by ``class_path``
+            (:mod:`ijepa.objectives`: ``ContextLoss``, V-JEPA 2.1's distance-weighted loss on the
+            predicted context tokens; ``MultiLevelTargets``, several target-encoder blocks as
+            separate targets, which widens the predictor's output). Empty (default): I-JEPA's.
         rescale_residuals: divide each block's residual output projections by ``sqrt(2 * layer)``
             at init (the I-JEPA ViT's constructor); false starts as official I-JEPA training does,
             whose ``init_model`` redraws every Linear after that rescale.
@@ -222,6 +193,7 @@ class IJEPA(L.LightningModule):
         target_last_blocks: int = 1,
         target_norm: str = "layer",
         regularizers: list[Regularizer] | None = None,
+        objectives: list[Objective] | None = None,
         rescale_residuals: bool = True,
         lr: float = 1e-3,
         start_lr: float = 2e-4,
@@ -276,8 +248,11 @@ class IJEPA(L.LightningModule):
         # config, which rebuilds it (a dict from a checkpoint is rebuilt here). Objects are
         # copied: two models given one list must not share a projector.
         regularizers = [regularizer_from_config(copy.deepcopy(member)) for member in regularizers or ()]
-        self.save_hyperparameters(ignore=["regularizers"])
+        objectives = [objective_from_config(copy.deepcopy(member)) for member in objectives or ()]
+        self.save_hyperparameters(ignore=["regularizers", "objectives"])
         self.hparams["regularizers"] = [member.config() for member in regularizers]
+        self.hparams["objectives"] = [member.config() for member in objectives]
+        self.objectives, self.target_blocks = nn.ModuleList(objectives), target_blocks(objectives, depth)
         # How checkpoints from another resolution are adapted on load; the
         # PositionEmbeddingInterpolation callback sets these from the config.
         self.position_interpolation = {"mode": "bicubic", "antialias": False}
@@ -313,6 +288,7 @@ class IJEPA(L.LightningModule):
             mode=predictor_mode,
             rescale_residuals=rescale_residuals,
             pos_options=predictor_pos_options,
+            out_levels=len(self.target_blocks),
         )
         for network in (self.encoder, self.predictor):  # the networks that have a backward pass
             network.transformer.checkpoint_every = activation_checkpointing
@@ -447,22 +423,18 @@ class IJEPA(L.LightningModule):
                 f"the batch's masks ({context_indices.size(0)} context and {rows} target rows) must be a "
                 f"whole multiple of its {images.size(0)} images (data.masks_per_image)."
             )
+        with_context = any(member.predicts_context(self.global_step) for member in self.objectives)
         with index_checks(self.hparams.debug_checks):
-            with torch.no_grad():
-                norm = self.hparams.target_norm
-                if self.hparams.target_last_blocks == 1:  # the encoder's own forward (compiled with model.compile)
-                    target_features = self.target_encoder(images, **times, **flexi)
-                    normed = normalize_targets(target_features, norm)
-                else:
-                    blocks = self.target_encoder.block_outputs(
-                        images, self.hparams.target_last_blocks, **times, **flexi
-                    )
-                    target_features = blocks[-1]
-                    normed = torch.stack([normalize_targets(b, norm) for b in blocks]).mean(0)
+            with torch.no_grad():  # targets: the last block (or ijepa.objectives' levels), normalised
+                hp, encoder = self.hparams, self.target_encoder
+                target_features, normed = step_targets(
+                    encoder, images, self.target_blocks, hp.target_last_blocks, hp.target_norm, **times, **flexi
+                )
                 if repeats > 1:
                     normed = normed.repeat(repeats, 1, 1)
                 targets = gather_patches(normed, target_indices.flatten(1))
                 targets = targets.view(rows, num_blocks, num_targets, -1)
+                context_targets = gather_patches(normed, context_indices) if with_context else None
             if repeats > 1:
                 images = images.repeat(repeats, *(1,) * (images.dim() - 1))
                 times = {name: value.repeat(repeats, *(1,) * (value.dim() - 1)) for name, value in times.items()}
@@ -473,11 +445,17 @@ class IJEPA(L.LightningModule):
                 target_indices,
                 context_mask=context_mask,
                 target_mask=batch.target_mask,
+                with_context=with_context,
                 **times,
                 **predictor_grid,
             )
+        predictions, context_predictions = predictions if with_context else (predictions, None)
+        grid = predictor_grid.get("grid", self.encoder.grid)
         # static shapes: the padded target slots are left out of the loss
-        return StepOutput(predictions, targets, context, target_features, context_mask, target_mask=batch.target_mask)
+        return StepOutput(
+            predictions, targets, context, target_features, context_mask, None, batch.target_mask,
+            context_predictions, context_targets, context_indices, target_indices, grid,
+        )  # fmt: skip
 
     def prediction_loss(
         self, predictions: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
@@ -516,8 +494,7 @@ class IJEPA(L.LightningModule):
         output ``context [S, L, D]`` with ``context_mask`` (real slots) and ``context_pooled
         [B, D]`` (each image's mean context token), and ``target_features [B, D]``, each image's
         mean target feature."""
-        if self.hparams.target_last_blocks != 1:
-            raise ValueError("native-resolution batches take target_last_blocks=1 (the last block's output).")
+        refuse_packed(self.objectives, self.hparams.target_last_blocks)
         num_images = len(batch)
         full, context_in, layout = batch.full, batch.context, batch.pred
         target_slot = batch.pred_target_slot
@@ -571,6 +548,10 @@ class IJEPA(L.LightningModule):
             if stage is not None:
                 self.log(f"{stage}/{name}", term.detach(), sync_dist=stage != "train", batch_size=len(batch))
             loss = member.combine_with(loss, term)
+        for member in self.objectives:  # ijepa.objectives: e.g. V-JEPA 2.1's context loss
+            loss, terms = member.add_to(loss, out, self.global_step, self.prediction_loss)
+            for name, term in terms.items() if stage is not None else ():
+                self.log(f"{stage}/{name}", term, sync_dist=stage != "train", batch_size=len(batch))
         return loss, target_features
 
     @contextlib.contextmanager
@@ -669,6 +650,7 @@ class IJEPA(L.LightningModule):
         fitting = self._trainer is not None and self.trainer.state.fn == "fit"
         source = f"ckpt_path={str(self.trainer.ckpt_path)!r}" if self._trainer is not None else "the checkpoint"
         refuse_to_load_non_finite(checkpoint, source)
+        check_resumed_levels(checkpoint, self.target_blocks, self.hparams.depth)
         restore_rng_states(checkpoint.get("rng_states") if fitting else None)
         report = adapt_checkpoint(self, checkpoint, **self.position_interpolation)
         if report:

@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "ijepa.registry",
         "ijepa.regularizers",
+        "ijepa.objectives",
         "ijepa.schedules",
         "ijepa.optim",
         "ijepa.masks",

@@ -18,6 +18,7 @@ from conftest import TINY_CONFIG, TINY_MODEL
 from lightning.pytorch.callbacks import Callback
 
 import ijepa.callbacks
+import ijepa.objectives
 import ijepa.regularizers
 from ijepa.cli import build_cli, main
 from ijepa.data import IJEPADataModule
@@ -209,6 +210,8 @@ OUT_OF_RANGE = {
         target_std=0.0,
         eps=0.0,
     ),
+    ijepa.objectives.ContextLoss: dict(weight=-0.1, warmup_steps=-1),
+    ijepa.objectives.MultiLevelTargets: dict(levels=0),
 }
 NOT_RANGED = {"seed"}  # any int seeds the generators
 CASES = [(cls, option, value) for cls, options in OUT_OF_RANGE.items() for option, value in options.items()]
@@ -247,8 +250,8 @@ def test_the_table_above_covers_every_numeric_option(cls):
 def test_every_callback_and_source_with_numeric_options_is_in_the_table():
     exported = [getattr(ijepa.callbacks, name) for name in ijepa.callbacks.__all__]
     callbacks = [c for c in exported if isinstance(c, type) and issubclass(c, Callback)]
-    regularizers = list(ijepa.regularizers.regularizer_kinds())
-    assert {c for c in callbacks + concrete_sources() + regularizers if numeric_options(c)} <= set(OUT_OF_RANGE)
+    members = list(ijepa.regularizers.regularizer_kinds()) + list(ijepa.objectives.objective_kinds())
+    assert {c for c in callbacks + concrete_sources() + members if numeric_options(c)} <= set(OUT_OF_RANGE)
 
 
 def nan_value(hint):

@@ -152,6 +152,7 @@ def test_every_documented_option_parses_and_every_linked_one_is_refused():
     from unittest import mock
 
     from ijepa.cli import LINKS, build_cli
+    from ijepa.objectives import objective_kinds
     from ijepa.regularizers import regularizer_kinds
 
     options = _documented_options()
@@ -159,7 +160,8 @@ def test_every_documented_option_parses_and_every_linked_one_is_refused():
     with mock.patch("sys.argv", ["ijepa"]):
         parser = build_cli(["--trainer.logger=false"], run=False).parser
     targets = {target for _, target in LINKS}
-    regularizers = {cls.__name__ for cls in regularizer_kinds()}
+    regularizers = {cls.__name__: "regularizers" for cls in regularizer_kinds()}
+    regularizers |= {cls.__name__: "objectives" for cls in objective_kinds()}
     for option, default in options:
         if option in targets:
             assert default.startswith("linked from"), option
@@ -175,10 +177,11 @@ def test_every_documented_option_parses_and_every_linked_one_is_refused():
             assert parsed["data"]["source"]["class_path"].endswith(section), option
             assert parsed["data"]["source"]["init_args"][key] is not None or value == "null", option
             continue
-        if section in regularizers:  # a regulariser's own option, in an entry of model.regularizers
-            entry = f"{{class_path: ijepa.regularizers.{section}, init_args: {{{key}: {value}}}}}"
-            parsed = parser.parse_args([f"--model.regularizers=[{entry}]"])
-            assert parsed["model"]["regularizers"][0]["class_path"].endswith(section), option
+        if section in regularizers:  # a regulariser's (objective's) own option, in an entry of model.regularizers
+            family = regularizers[section]
+            entry = f"{{class_path: ijepa.{family}.{section}, init_args: {{{key}: {value}}}}}"
+            parsed = parser.parse_args([f"--model.{family}=[{entry}]"])
+            assert parsed["model"][family][0]["class_path"].endswith(section), option
             continue
         parsed = parser.parse_args([f"--{option}={value}"])  # a parse error exits
         assert parsed[section][key] is not None or value == "null", option

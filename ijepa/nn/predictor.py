@@ -32,6 +32,11 @@ class Predictor(nn.Module):
     position encoding (``sincos_3d``, ``learned_flat_3d``, ``mrope``; M-RoPE also takes
     ``frame_times [B, T']``).
 
+    ``out_levels = k`` widens the output projection to ``k * D`` (``k`` target levels side by side:
+    ``ijepa.objectives.MultiLevelTargets``); predictions are then ``[..., k * D]``.
+    ``with_context=True`` also returns the predictions at the context positions ``[B, Kc, k * D]``
+    (per_block: the mean over the ``M`` blocks' sequences of the context's outputs, projected).
+
     ``mode`` says how M target blocks are predicted:
 
     * ``per_block`` (official I-JEPA): the context is repeated and each block is predicted in
@@ -60,6 +65,7 @@ class Predictor(nn.Module):
         mode: str = "per_block",
         rescale_residuals: bool = True,
         pos_options: dict | None = None,
+        out_levels: int = 1,
     ):
         super().__init__()
         if mode not in PREDICTOR_MODES:
@@ -80,7 +86,7 @@ class Predictor(nn.Module):
         self.transformer = Transformer(
             predictor_embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate
         )
-        self.output_proj = nn.Linear(predictor_embed_dim, embed_dim)
+        self.output_proj = nn.Linear(predictor_embed_dim, embed_dim * out_levels)
         init_network(self, rescale_residuals, learned_inputs=(self.mask_token,))
 
     @property
@@ -101,7 +107,8 @@ class Predictor(nn.Module):
         context_mask: torch.Tensor | None = None,
         grid: tuple[int, ...] | None = None,
         target_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        with_context: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         position = self.position if grid is None else self.position.at_grid(grid)
         if context.dim() != 3 or context.size(-1) != self.embed_dim:
             raise ValueError(f"context must have shape [B, Kc, {self.embed_dim}], got {tuple(context.shape)}.")
@@ -125,11 +132,13 @@ class Predictor(nn.Module):
         if self.mode == "one_pass":
             flat_targets = target_indices.reshape(batch, num_blocks * num_targets)
             flat_mask = None if target_mask is None else target_mask.reshape(batch, num_blocks * num_targets)
-            prediction = self._one_pass(
+            tokens = self._one_pass(
                 context, context_indices, flat_targets, num_blocks, frame_times, context_mask, position, flat_mask
             )
-            prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
-            return prediction.squeeze(1) if single_block else prediction
+            num_context = context.size(1)
+            prediction = self.output_proj(tokens[:, num_context:]).view(batch, num_blocks, num_targets, -1)
+            prediction = prediction.squeeze(1) if single_block else prediction
+            return (prediction, self.output_proj(tokens[:, :num_context])) if with_context else prediction
 
         x = self.input_proj(context).repeat_interleave(num_blocks, dim=0)  # [B*M, Kc, Dp]
         context_indices = context_indices.repeat_interleave(num_blocks, dim=0)
@@ -151,8 +160,12 @@ class Predictor(nn.Module):
             token_mask = torch.cat([context_part, target_part], dim=1)
         tokens = self.transformer(tokens, indices, frame_times=frame_times, token_mask=token_mask, position=position)
         prediction = self.output_proj(tokens[:, -num_targets:])  # [B*M, Kt, D]
-        prediction = prediction.view(batch, num_blocks, num_targets, self.embed_dim)
-        return prediction.squeeze(1) if single_block else prediction
+        prediction = prediction.view(batch, num_blocks, num_targets, -1)
+        prediction = prediction.squeeze(1) if single_block else prediction
+        if not with_context:
+            return prediction
+        context_states = tokens[:, : context.size(1)].unflatten(0, (batch, num_blocks)).mean(1)  # [B, Kc, Dp]
+        return prediction, self.output_proj(context_states)
 
     def forward_packed(
         self, context: torch.Tensor, layout: Packed, context_slot: torch.Tensor, target_slot: torch.Tensor
@@ -186,8 +199,9 @@ class Predictor(nn.Module):
         position: PositionEncoding | None = None,
         target_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``[B, Kc, D]``, ``[B, Kc]``, ``[B, M*Kt]`` -> predictions ``[B, M*Kt, D]``; with a
-        ``context_mask`` the block structure becomes an explicit boolean mask (no mask-free path)."""
+        """``[B, Kc, D]``, ``[B, Kc]``, ``[B, M*Kt]`` -> the transformer's output ``[B, Kc + M*Kt, Dp]``
+        (before the output projection); with a ``context_mask`` the block structure becomes an
+        explicit boolean mask (no mask-free path)."""
         batch, num_context = context_indices.shape
         x = self.input_proj(context)
         queries = self.mask_token.expand(batch, target_indices.size(1), -1).to(x.dtype)
@@ -207,7 +221,7 @@ class Predictor(nn.Module):
             tokens = self.transformer(
                 tokens, indices, attn_mask=structure, frame_times=frame_times, token_mask=token_mask, position=position
             )
-        return self.output_proj(tokens[:, num_context:])
+        return tokens
 
 
 def block_attention_mask(num_context: int, num_blocks: int, num_targets: int, device=None) -> torch.Tensor:

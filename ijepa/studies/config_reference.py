@@ -14,11 +14,13 @@ from unittest import mock
 
 from ijepa.cli import LINKS, build_cli
 from ijepa.data.sources import DataSource, source_kinds
+from ijepa.objectives import Objective, objective_kinds
 from ijepa.regularizers import Regularizer, regularizer_kinds
 
 # Every concrete source and regulariser the CLI has imported, in definition order.
 SOURCES: tuple[type[DataSource], ...] = source_kinds()
 REGULARIZERS: tuple[type[Regularizer], ...] = regularizer_kinds()
+OBJECTIVES: tuple[type[Objective], ...] = objective_kinds()
 
 HEADER = """# Configuration reference
 
@@ -111,6 +113,15 @@ def regularizer_sections() -> list[str]:
     return member_sections("## Regularisers (`model.regularizers`)", intro, REGULARIZERS)
 
 
+def objective_sections() -> list[str]:
+    """One table per objective (an entry of ``model.objectives``)."""
+    intro = [
+        "Each entry of the list is chosen by `class_path` (`ijepa.objectives.<Objective>`) with",
+        'the options below under `init_args` (docs/training.md, "The levers").',
+    ]
+    return member_sections("## Objectives (`model.objectives`)", intro, OBJECTIVES)
+
+
 def reference() -> str:
     """The Markdown reference of every ``model.*`` and ``data.*`` option."""
     with mock.patch("sys.argv", ["ijepa"]):
@@ -142,6 +153,7 @@ def reference() -> str:
         ]
     out += source_sections()
     out += regularizer_sections()
+    out += objective_sections()
     return "\n".join(out)
 
 
