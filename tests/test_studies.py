@@ -224,3 +224,148 @@ def test_supervised_reference_table_gives_the_mean_and_the_worst_seed():
     ]
     # k-NN gains 40 and 28 -> 34.0 (28.0); linear gains 30 and 40 -> 35.0 (30.0)
     assert "| supervised, 600 steps | 2 | 11.0 / 45.0 | 34.0 (28.0) | 11.0 / 46.0 | 35.0 (30.0) |" in table(runs)
+
+
+@pytest.fixture(scope="module")
+def fit_parser():
+    """The parser of ``ijepa fit`` (parsing only: nothing is built)."""
+    from unittest import mock
+
+    from ijepa.cli import build_cli
+
+    with mock.patch("sys.argv", ["ijepa"]):
+        return build_cli(["--trainer.logger=false"], run=False).parser
+
+
+def parsed_fit(parser, command):
+    assert command[:2] == ["ijepa", "fit"]
+    config = parser.parse_args(command[2:])
+    objectives = [(o.class_path.rpartition(".")[2], dict(vars(o.init_args))) for o in config.model.objectives or []]
+    return config, objectives, [c.class_path.rpartition(".")[2] for c in config.trainer.callbacks]
+
+
+def test_every_dense_variant_parses_to_the_recipe_with_its_levers(fit_parser, monkeypatch, tmp_path):
+    from ijepa.studies.dense import VARIANTS, fit_command
+
+    monkeypatch.chdir(ROOT)  # the study's configs are paths from the repository root
+    recipe, _, quickstart_callbacks = parsed_fit(fit_parser, ["ijepa", "fit", "--config=configs/quickstart.yaml"])
+    context = ("ContextLoss", {"weight": 0.5, "warmup_steps": 150})
+    multilevel = ("MultiLevelTargets", {"levels": 2})
+    expected = {  # variant -> (objectives, callbacks added to the quickstart's)
+        "plain": ([], []),
+        "recipe": ([], []),
+        "+context": ([context], []),
+        "+multilevel": ([multilevel], []),
+        "+spike_skip": ([], ["LossSpikeSkip"]),
+        "+best": ([context, multilevel], ["LossSpikeSkip"]),
+    }
+    assert set(VARIANTS) == set(expected)
+    for variant, (objectives, added) in expected.items():
+        command = fit_command(variant, 2, tmp_path)
+        config, found, callbacks = parsed_fit(fit_parser, command)
+        assert found == objectives, variant
+        assert callbacks == quickstart_callbacks + added, variant  # appended: the probes and the EMA update stay
+        assert config.seed_everything == 2 and config.trainer.default_root_dir == str(tmp_path / f"{variant}_s2")
+        regularizers = [r.class_path for r in config.model.regularizers]
+        if variant == "plain":
+            assert regularizers == [] and config.model.target_norm == "layer"
+        else:  # the recipe's own levers stay on
+            assert regularizers == [r.class_path for r in recipe.model.regularizers] != []
+            assert config.model.target_norm == recipe.model.target_norm == "instance"
+    assert config.trainer.callbacks[:-1] == recipe.trainer.callbacks  # with their options
+
+
+def test_dense_best_merges_the_objectives_of_its_levers_into_one_list(fit_parser, monkeypatch, tmp_path):
+    from ijepa.studies.dense import fit_command, lever_overrides
+
+    monkeypatch.chdir(ROOT)
+    overrides = lever_overrides("+context", "+multilevel")
+    assert sum(arg.startswith("--model.objectives") for arg in overrides) == 1  # a second would replace the first
+    _, objectives, callbacks = parsed_fit(
+        fit_parser, fit_command("+best", 0, tmp_path, best=("+multilevel", "+context"))
+    )
+    assert [name for name, _ in objectives] == ["MultiLevelTargets", "ContextLoss"] and "LossSpikeSkip" not in callbacks
+    digits = fit_command("+best", 0, tmp_path, data="digits", digits=Path("/data/digits"))
+    assert "--data.source.root=/data/digits" in digits and "--data.source=ijepa.data.ImageFolderSource" in digits
+
+
+def test_digits_masks_mark_the_dark_ink_with_the_digit_plus_one(tmp_path):
+    pytest.importorskip("sklearn")
+    import numpy as np
+    from PIL import Image
+
+    from ijepa.data.sources import ImageFolderSource, SplitSettings
+    from ijepa.data.transforms import eval_transform
+    from ijepa.studies.learning import write_digits_folder
+
+    write_digits_folder(tmp_path / "images", size=16, masks=tmp_path / "masks")
+    images = sorted((tmp_path / "images").rglob("*.png"))
+    assert len(images) == 1797 and len(list((tmp_path / "masks").rglob("*.png"))) == 1797
+    for path in images[::150]:
+        digit = int(path.parent.name)
+        image = np.array(Image.open(path))[..., 0]
+        mask = np.array(Image.open(tmp_path / "masks" / path.relative_to(tmp_path / "images")))
+        assert mask.shape == image.shape and set(np.unique(mask)) == {0, digit + 1}, path
+        assert ((mask == digit + 1) == (image < 128)).all(), path  # ink (dark) -> digit + 1, paper -> 0
+    # the layout ImageFolderSource(masks=...) reads
+    source = ImageFolderSource(str(tmp_path / "images"), masks=str(tmp_path / "masks"))
+    splits = source.splits(SplitSettings(16, 0, 0, eval_transform(16), eval_transform(16), None))
+    image, target = splits.val[0]
+    assert target["count"] == -1 and set(target["mask"].unique().tolist()) == {0, target["label"] + 1}
+
+
+def write_dense_run(folder, knn=None, linear_probe=None, wall_s=None, **results):
+    """A fake run folder: in-fit probes ``[(step, value)]``, the fit's wall time and ``ijepa eval``
+    results (``linear``, ``segmentation``, ``counting``: the test score)."""
+    import json
+
+    folder.mkdir(parents=True)
+    if knn:
+        writer = SummaryWriter(str(folder / "lightning_logs" / "version_0"))
+        for tag, values in (("val/knn_top1", knn), ("val/linear_top1", linear_probe)):
+            for step, value in values:
+                writer.add_scalar(tag, value, step)
+        writer.close()
+    if wall_s is not None:
+        (folder / "wall_time.json").write_text(json.dumps({"wall_s": wall_s}))
+    files = {
+        "linear": ("linear", "test_top1"),
+        "segmentation": ("dense", "test_miou"),
+        "counting": ("dense", "test_top1"),
+    }
+    for name, value in results.items():
+        subfolder, key = files[name]
+        (folder / "eval" / subfolder).mkdir(parents=True, exist_ok=True)
+        result = {"version": 1, "protocol": name, "name": name, key: value}
+        (folder / "eval" / subfolder / f"{name}.json").write_text(json.dumps(result))
+
+
+def test_dense_table_gives_means_over_seeds_the_per_seed_gains_and_dashes_for_what_is_missing(tmp_path, capsys):
+    from ijepa.studies.dense import main
+
+    root = tmp_path / "shapes"
+    write_dense_run(
+        root / "recipe_s0", [(0, 0.10), (599, 0.30)], [(0, 0.10), (599, 0.40)], 100.0, linear=0.50, segmentation=0.20
+    )
+    (root / "recipe_s0" / "eval" / "dense" / "counting.json").write_text(
+        '{"version": 1, "protocol": "counting", "name": "counting", "test_top1": 0.60}'
+    )
+    write_dense_run(
+        root / "recipe_s1", [(0, 0.12), (599, 0.26)], [(0, 0.12), (599, 0.36)], 120.0, linear=0.54, segmentation=0.24
+    )
+    write_dense_run(root / "+context_s0", [(0, 0.10), (599, 0.30)], [(0, 0.10), (599, 0.40)], 90.0)
+    write_dense_run(root / "pixels_s0", linear=0.45)
+    main(["table", "--root", str(tmp_path)])
+    out = capsys.readouterr().out
+    # k-NN ends 30 and 26, gains 20 and 14; linear ends 40 and 36, gains 30 and 24; counting of seed 0 only
+    assert (
+        "| recipe | 2 | 28.0 ± 2.0 | 17.0 ± 3.0 | 38.0 ± 2.0 | 27.0 ± 3.0 | 52.0 ± 2.0 | 22.0 ± 2.0 | 60.0 ± 0.0 | 110 |"
+        in out
+    )
+    assert "| +context | 1 | 30.0 ± 0.0 | 20.0 ± 0.0 | 40.0 ± 0.0 | 30.0 ± 0.0 | - | - | - | 90 |" in out
+    assert "| pixels | 1 | - | - | - | - | 45.0 ± 0.0 | - | - | - |" in out
+    assert "plain" not in out and "random init" not in out  # no folders: no rows
+    # the issue's goal: +16 k-NN and +25 linear on every seed
+    assert "| recipe | s0 +20.0, s1 +14.0 | s0 +30.0, s1 +24.0 | no |" in out
+    assert "| +context | s0 +20.0 | s0 +30.0 | yes |" in out and "| pixels | s0" not in out
+    assert (root / "provenance.md").read_text().startswith("# ijepa.studies.dense: provenance")

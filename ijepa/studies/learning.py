@@ -86,14 +86,20 @@ DATA: dict[str, list[str]] = {
 }
 
 
-def write_digits_folder(root: Path, size: int = 32) -> Path:
+def write_digits_folder(root: Path, size: int = 32, masks: Path | None = None) -> Path:
     """scikit-learn's 1,797 handwritten digits (8x8 grey scans, 17 levels) as an image folder
     ``root/{train,val}/<digit>/*.png``, upscaled to ``size`` px RGB; every fifth image of a class
-    goes to ``val``. Returns ``root``."""
+    goes to ``val``. With ``masks``, each image's class mask too, at the same relative path under
+    ``masks`` (the layout of ``ImageFolderSource(masks=...)``): ``digit + 1`` where the upscaled
+    pixel is darker than mid-grey (ink over half its full strength), 0 elsewhere. Returns ``root``."""
     import torch
-    from sklearn.datasets import load_digits
     from torchvision.io import write_png
     from torchvision.transforms.v2.functional import resize
+
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as error:
+        raise ImportError("the digits data set is scikit-learn's: pip install scikit-learn") from error
 
     digits = load_digits()
     seen: dict[int, int] = {}
@@ -101,11 +107,16 @@ def write_digits_folder(root: Path, size: int = 32) -> Path:
         rank = seen.get(int(label), 0)
         seen[int(label)] = rank + 1
         split = "val" if rank % 5 == 4 else "train"
-        folder = root / split / str(int(label))
-        folder.mkdir(parents=True, exist_ok=True)
+        name = Path(split) / str(int(label)) / f"{rank:04d}.png"
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         pixels = torch.tensor(255 - image * 255 / 16, dtype=torch.float32)[None].expand(3, -1, -1)  # ink dark on white
-        pixels = resize(pixels, [size, size], antialias=True).round().clamp(0, 255).to(torch.uint8)
-        write_png(pixels, str(folder / f"{rank:04d}.png"))
+        pixels = resize(pixels, [size, size], antialias=True)
+        write_png(pixels.round().clamp(0, 255).to(torch.uint8), str(root / name))
+        if masks is not None:
+            # thresholded before rounding, so that the mask is the ink the float image holds
+            mask = torch.where(pixels[0] < 127.5, int(label) + 1, 0).to(torch.uint8)[None]
+            (masks / name).parent.mkdir(parents=True, exist_ok=True)
+            write_png(mask, str(masks / name))
     return root
 
 
