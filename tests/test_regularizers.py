@@ -3,14 +3,10 @@ as ``model.regularizers`` members, how they join the loss, and old checkpoints' 
 
 import functools
 import math
-import os
-import socket
 
 import lightning as L
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from conftest import TINY_CONFIG
 
 from ijepa.cli import build_cli
@@ -124,39 +120,6 @@ def test_bad_input_shape_is_an_error():
         SIGReg().statistic(torch.randn(4, 5, 6))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_worker(rank: int, world: int, port: int, x: torch.Tensor, out: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    share = x.chunk(world)[rank].clone().requires_grad_(True)
-    value = SIGReg(slices=64).statistic(share, step=7)
-    # DDP averages parameter gradients over ranks: do the same for the (per-sample) input gradient
-    (value / world).backward()
-    out[rank] = (value.detach(), share.grad.clone())
-    dist.destroy_process_group()
-
-
-def test_two_ranks_compute_the_global_batch_statistic_and_its_gradient():
-    x = torch.randn(96, 16) @ torch.randn(16, 16) * 0.5
-    whole = x.clone().requires_grad_(True)
-    value = SIGReg(slices=64).statistic(whole, step=7)
-    value.backward()
-    manager = mp.Manager()
-    out = manager.dict()
-    mp.spawn(_rank_worker, args=(2, _free_port(), x, out), nprocs=2, join=True)
-    for rank in range(2):
-        rank_value, rank_grad = out[rank]
-        assert torch.allclose(rank_value, value.detach(), rtol=1e-5)  # every rank: the global statistic
-        # a sample's gradient on its rank equals its gradient in the one-process run
-        assert torch.allclose(rank_grad, whole.grad.chunk(2)[rank], rtol=1e-4, atol=1e-7)
-
-
 def test_projector_maps_tokens_to_its_last_width_through_batchnorm_and_gelu():
     projector = Projector(32, [64, 48, 16])
     assert [type(m).__name__ for m in projector] == [
@@ -220,30 +183,6 @@ def test_varcov_bad_settings_name_the_parameter(kwargs, name):
         VarianceCovariance(**kwargs)
     with pytest.raises(ValueError, match="embeddings"):
         VarianceCovariance().statistic(torch.randn(4, 5, 6))
-
-
-def _varcov_rank_worker(rank: int, world: int, port: int, x: torch.Tensor, out: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    share = x.chunk(world)[rank].clone().requires_grad_(True)
-    value = VarianceCovariance().statistic(share)
-    (value / world).backward()  # as DDP averages gradients over ranks
-    out[rank] = (value.detach(), share.grad.clone())
-    dist.destroy_process_group()
-
-
-def test_varcov_on_two_ranks_is_the_global_batch_value_and_gradient():
-    x = torch.randn(96, 16) @ torch.randn(16, 16) * 0.5 + 0.3
-    whole = x.clone().requires_grad_(True)
-    value = VarianceCovariance().statistic(whole)
-    value.backward()
-    out = mp.Manager().dict()
-    mp.spawn(_varcov_rank_worker, args=(2, _free_port(), x, out), nprocs=2, join=True)
-    for rank in range(2):
-        rank_value, rank_grad = out[rank]
-        assert torch.allclose(rank_value, value.detach(), rtol=1e-5)
-        assert torch.allclose(rank_grad, whole.grad.chunk(2)[rank], rtol=1e-4, atol=1e-6)
 
 
 # --- regularisers in the model: model.regularizers ---------------------------------------------
