@@ -314,6 +314,48 @@ def test_digits_masks_mark_the_dark_ink_with_the_digit_plus_one(tmp_path):
     assert target["count"] == -1 and set(target["mask"].unique().tolist()) == {0, target["label"] + 1}
 
 
+def test_dense_run_trains_each_variant_once_scores_it_and_the_chosen_baselines_and_resumes(monkeypatch, tmp_path):
+    import json
+
+    from ijepa.studies import dense
+
+    monkeypatch.chdir(ROOT)
+    commands = []
+
+    def fake_logged(command, log_file, log):  # what a finished fit or eval leaves behind, without running it
+        commands.append(command)
+        if command[1] == "fit":
+            root = Path(next(a for a in command if a.startswith("--trainer.default_root_dir=")).partition("=")[2])
+            (root / "lightning_logs/version_0/checkpoints").mkdir(parents=True)
+            (root / "lightning_logs/version_0/checkpoints/last.ckpt").write_bytes(b"")
+        else:
+            out = Path(command[command.index("--output_dir") + 1])
+            out.mkdir(parents=True)
+            for name in dense.expected_results("shapes")[out.name]:
+                (out / name).write_text(json.dumps({"version": 1, "protocol": name.removesuffix(".json")}))
+        return 1.0
+
+    monkeypatch.setattr(dense, "logged", fake_logged)
+    args = ["run", "--root", str(tmp_path), "--seeds", "3", "--variants", "recipe", "+best"]
+    dense.main(args + ["--baselines", "random_init"])
+    fits = [c for c in commands if c[1] == "fit"]
+    evaluated = [Path(c[c.index("--output_dir") + 1]).parts[-3] for c in commands if c[1] == "eval"]
+    assert [c[c.index("--checkpoint") + 1] for c in commands if c[1] == "eval"][-2:] == [
+        str(tmp_path / "shapes/random_init_s3/random_init.ckpt")
+    ] * 2  # the recipe at step 0, saved for the seed, scored by both evaluations
+    assert len(fits) == 2 and all("--seed_everything=3" in c for c in fits)
+    assert sorted(evaluated) == ["+best_s3"] * 2 + ["random_init_s3"] * 2 + ["recipe_s3"] * 2
+    assert all(c[c.index("--checkpoint") + 1] != "pixels" for c in commands if c[1] == "eval")
+    assert all("--data.seed=3" in c for c in commands if c[1] == "eval")
+    # a rerun finds everything done; asking for pixels now scores only them
+    commands.clear()
+    dense.main(args + ["--baselines", "random_init", "pixels"])
+    assert [c[c.index("--checkpoint") + 1] for c in commands] == ["pixels", "pixels"]
+    commands.clear()
+    dense.main(args + ["--baselines"])
+    assert commands == []
+
+
 def write_dense_run(folder, knn=None, linear_probe=None, wall_s=None, **results):
     """A fake run folder: in-fit probes ``[(step, value)]``, the fit's wall time and ``ijepa eval``
     results (``linear``, ``segmentation``, ``counting``: the test score)."""

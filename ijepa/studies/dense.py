@@ -14,6 +14,9 @@ recipe's random init (seeded as its run) and raw pixels, evaluated with the run'
     python -m ijepa.studies.dense run --root runs/dense --seeds 0 1 2
     python -m ijepa.studies.dense table --root runs/dense
 
+A rerun skips what is done, so a study can grow a seed or a variant at a time; ``--baselines``
+names the untrained rows to score (``random_init``, ``pixels``; none: only the variants).
+
 ``--data digits`` trains on scikit-learn's digits (``ijepa.studies.learning.write_digits_folder``,
 ``pip install scikit-learn``) and segments the ink (class digit + 1) from the background; digits
 have no counts. Results go to ``<root>/<data>/<variant>_s<seed>`` (``eval/linear``,
@@ -246,20 +249,23 @@ def run(args: argparse.Namespace) -> None:
                 wall_s = logged(command, run_dir / "fit.log", log)
                 timing.write_text(json.dumps({"wall_s": wall_s}) + "\n")
             evaluate(run_dir, str(last_checkpoint(run_dir)), configs, args.data, seed, eval_extra, log)
+        if not args.baselines:
+            continue
         # the recipe at its step 0: the same config, data and seed as its run
         overrides = [*data_args(args.data, digits), f"--seed_everything={seed}", *fit_extra]
         model, _ = instantiate(FIT_CONFIG, overrides)
-        random_dir = data_root / f"{BASELINES['random init']}_s{seed}"
-        random_init = random_dir / "random_init.ckpt"
-        if not random_init.exists():
-            random_dir.mkdir(parents=True, exist_ok=True)
-            log.add(f"# ijepa.cli.instantiate({FIT_CONFIG!r}, {overrides!r}) -> {random_init}")
-            save_lightning_checkpoint(model, random_init)
-        evaluate(random_dir, str(random_init), configs, args.data, seed, eval_extra, log)
-        size = ["--data.image_size", str(model.hparams.image_size)]
-        evaluate(
-            data_root / f"{BASELINES['pixels']}_s{seed}", "pixels", configs, args.data, seed, size + eval_extra, log
-        )
+        if BASELINES["random init"] in args.baselines:
+            random_dir = data_root / f"{BASELINES['random init']}_s{seed}"
+            random_init = random_dir / "random_init.ckpt"
+            if not random_init.exists():
+                random_dir.mkdir(parents=True, exist_ok=True)
+                log.add(f"# ijepa.cli.instantiate({FIT_CONFIG!r}, {overrides!r}) -> {random_init}")
+                save_lightning_checkpoint(model, random_init)
+            evaluate(random_dir, str(random_init), configs, args.data, seed, eval_extra, log)
+        if BASELINES["pixels"] in args.baselines:
+            size = ["--data.image_size", str(model.hparams.image_size)]
+            pixels_dir = data_root / f"{BASELINES['pixels']}_s{seed}"
+            evaluate(pixels_dir, "pixels", configs, args.data, seed, size + eval_extra, log)
 
 
 def eval_scores(folder: Path) -> dict[str, float]:
@@ -355,6 +361,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", type=Path, default=Path("runs/dense"))
     parser.add_argument("--data", choices=DATASETS, default="shapes")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument(
+        "--baselines", nargs="*", default=list(BASELINES.values()), choices=list(BASELINES.values()), help="the untrained rows"
+    )
     parser.add_argument("--best", nargs="+", default=list(BEST), choices=list(LEVERS), help="the levers of +best")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--fit-args", default="", help="more ijepa fit overrides, e.g. '--trainer.max_steps=300'")
