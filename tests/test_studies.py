@@ -356,15 +356,16 @@ def test_dense_run_trains_each_variant_once_scores_it_and_the_chosen_baselines_a
     assert commands == []
 
 
-def write_dense_run(folder, knn=None, linear_probe=None, wall_s=None, **results):
-    """A fake run folder: in-fit probes ``[(step, value)]``, the fit's wall time and ``ijepa eval``
-    results (``linear``, ``segmentation``, ``counting``: the test score)."""
+def write_dense_run(folder, knn=None, linear_probe=None, wall_s=None, skipped=(), **results):
+    """A fake run folder: in-fit probes ``[(step, value)]``, ``LossSpikeSkip``'s count
+    ``[(step, skipped)]``, the fit's wall time and ``ijepa eval`` results (``linear``,
+    ``segmentation``, ``counting``: the test score)."""
     import json
 
     folder.mkdir(parents=True)
     if knn:
         writer = SummaryWriter(str(folder / "lightning_logs" / "version_0"))
-        for tag, values in (("val/knn_top1", knn), ("val/linear_top1", linear_probe)):
+        for tag, values in (("val/knn_top1", knn), ("val/linear_top1", linear_probe), ("train/skipped_steps", skipped)):
             for step, value in values:
                 writer.add_scalar(tag, value, step)
         writer.close()
@@ -396,6 +397,7 @@ def test_dense_table_gives_means_over_seeds_the_per_seed_gains_and_dashes_for_wh
         root / "recipe_s1", [(0, 0.12), (599, 0.26)], [(0, 0.12), (599, 0.36)], 120.0, linear=0.54, segmentation=0.24
     )
     write_dense_run(root / "+context_s0", [(0, 0.10), (599, 0.30)], [(0, 0.10), (599, 0.40)], 90.0)
+    write_dense_run(root / "+best_s0", [(0, 0.1), (599, 0.2)], [(0, 0.1), (599, 0.2)], 1.0, skipped=[(10, 0), (590, 2)])
     write_dense_run(root / "pixels_s0", linear=0.45)
     main(["table", "--root", str(tmp_path)])
     out = capsys.readouterr().out
@@ -408,6 +410,7 @@ def test_dense_table_gives_means_over_seeds_the_per_seed_gains_and_dashes_for_wh
     assert "| pixels | 1 | - | - | - | - | 45.0 ± 0.0 | - | - | - |" in out
     assert "plain" not in out and "random init" not in out  # no folders: no rows
     # the issue's goal: +16 k-NN and +25 linear on every seed
-    assert "| recipe | s0 +20.0, s1 +14.0 | s0 +30.0, s1 +24.0 | no |" in out
-    assert "| +context | s0 +20.0 | s0 +30.0 | yes |" in out and "| pixels | s0" not in out
+    assert "| recipe | s0 +20.0, s1 +14.0 | s0 +30.0, s1 +24.0 | no | - |" in out
+    assert "| +context | s0 +20.0 | s0 +30.0 | yes | - |" in out and "| pixels | s0" not in out
+    assert "| +best | s0 +10.0 | s0 +10.0 | no | s0 2 |" in out  # LossSpikeSkip's last count
     assert (root / "provenance.md").read_text().startswith("# ijepa.studies.dense: provenance")

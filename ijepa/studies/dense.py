@@ -51,7 +51,7 @@ from ijepa.cli import instantiate
 from ijepa.evaluation.runner import read_results
 from ijepa.interop import save_lightning_checkpoint
 from ijepa.studies.evaluation import commit, pixel_config
-from ijepa.studies.learning import DATA, PLAIN, cell, run_summary, write_digits_folder
+from ijepa.studies.learning import DATA, PLAIN, cell, run_summary, scalars, write_digits_folder
 
 FIT_CONFIG = "configs/quickstart.yaml"
 LINEAR_EVAL = "configs/eval/quickstart.yaml"
@@ -288,6 +288,9 @@ def record(folder: Path) -> dict[str, float]:
     timing = folder / "wall_time.json"
     if timing.exists():
         found["wall_s"] = json.loads(timing.read_text())["wall_s"]
+    versions = sorted((folder / "lightning_logs").glob("version_*"))
+    if versions and (skipped := scalars(versions[-1], "train/skipped_steps")):  # LossSpikeSkip's count
+        found["skipped"] = skipped[-1][1]
     return found | eval_scores(folder)
 
 
@@ -332,8 +335,9 @@ def table(data_root: Path) -> str:
         lines.append(f"| {row} | {len(runs)} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| variant | k-NN gain per seed | linear gain per seed | goal met (+16 k-NN, +25 linear, every seed) |",
-        "|---|---|---|---|",
+        "| variant | k-NN gain per seed | linear gain per seed | goal met (+16 k-NN, +25 linear, every seed) | "
+        "steps skipped per seed |",
+        "|---|---|---|---|---|",
     ]
     for row, runs in rows.items():
         fitted = {seed: r for seed, r in runs.items() if "knn_top1_gain" in r}
@@ -341,7 +345,8 @@ def table(data_root: Path) -> str:
             continue
         gains = [", ".join(f"s{s} {100 * r[f'{m}_gain']:+.1f}" for s, r in fitted.items()) for m in GOAL]
         met = all(r[f"{m}_gain"] >= goal for r in fitted.values() for m, goal in GOAL.items())
-        lines.append(f"| {row} | {gains[0]} | {gains[1]} | {'yes' if met else 'no'} |")
+        skipped = ", ".join(f"s{s} {r['skipped']:.0f}" for s, r in fitted.items() if "skipped" in r) or "-"
+        lines.append(f"| {row} | {gains[0]} | {gains[1]} | {'yes' if met else 'no'} | {skipped} |")
     return "\n".join(lines)
 
 

@@ -147,6 +147,15 @@ def test_no_step_is_skipped_before_warmup_steps_and_the_loss_then_joins_the_wind
     assert max(guard.tracker.losses) > 1e3  # accepted, so it sets the threshold
 
 
+def test_a_guard_that_skips_nothing_trains_bit_for_bit_as_no_guard(tmp_path):
+    guard = LossSpikeSkip(warmup_steps=2, window=3, num_std=6.0)
+    guarded, _ = fit(tmp_path / "guarded", (), 7, guard)
+    plain, _ = fit(tmp_path / "plain", (), 7, L.Callback())  # no guard at all
+    assert guard.skipped == 0 and len(guard.tracker.losses) == 3  # it watched, and let every step through
+    for (name, a), b in zip(guarded.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
 def test_a_run_resumed_from_before_a_skip_ends_with_the_uninterrupted_runs_weights_and_tracker(tmp_path):
     spikes, max_steps = {5}, 7  # 5 batches an epoch: the spike opens epoch 1
     full_guard, full_recorder = LossSpikeSkip(warmup_steps=3, window=3), Recorder()
