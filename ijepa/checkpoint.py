@@ -141,7 +141,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_save(checkpoint, path, keep_previous=keep)
 
 
-def atomic_save(obj: Any, path, keep_previous: bool = False) -> None:
+SAVE_ADVICE = "point trainer.default_root_dir (or the ModelCheckpoint's dirpath) at a disk with room."
+
+
+def atomic_save(
+    obj: Any, path, keep_previous: bool = False, what: str = "the checkpoint", advice: str = SAVE_ADVICE
+) -> None:
     """``torch.save(obj, path)`` through :func:`temporary_path`: written, flushed to disk, then
     renamed over ``path`` (``os.replace`` is atomic on one filesystem), so ``path`` is always
     either its old content or the complete new one. Creates the parent folder. With
@@ -149,7 +154,8 @@ def atomic_save(obj: Any, path, keep_previous: bool = False) -> None:
 
     A write that fails for want of space (``ENOSPC`` or ``EDQUOT``, or any error while the folder
     has less free space than ``obj`` needs: torch reports some as ``RuntimeError``) raises ``OSError`` naming the folder, its free space
-    and the size needed; the temporary file is removed."""
+    and the size needed, then ``advice`` (what to point elsewhere; ``what`` names the file); the temporary
+    file is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = temporary_path(path)
@@ -167,9 +173,8 @@ def atomic_save(obj: Any, path, keep_previous: bool = False) -> None:
         free = shutil.disk_usage(path.parent).free
         if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or free < needed:
             raise OSError(
-                f"could not write the checkpoint {path} ({type(error).__name__}: {error}): it needs about "
-                f"{format_bytes(needed)} and {path.parent} has {format_bytes(free)} free. Free space there, or point "
-                "trainer.default_root_dir (or the ModelCheckpoint's dirpath) at a disk with room."
+                f"could not write {what} {path} ({type(error).__name__}: {error}): it needs about "
+                f"{format_bytes(needed)} and {path.parent} has {format_bytes(free)} free. Free space there, or {advice}"
             ) from error
         raise
     finally:

@@ -2,19 +2,22 @@
 
 The cache file is named by a hash of everything the features depend on (the checkpoint's SHA-256, the encoder, the
 data source, the transform, the image size, the split and the kind of feature): another
-checkpoint or transform is another file, never a stale one.
+checkpoint or transform is another file, never a stale one. A file that cannot be read, or holds
+non-finite features, is treated as absent (a warning names it); what a killed write left behind is
+removed by the next evaluation; non-finite features are never written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 
 import torch
 from lightning.fabric import Fabric
 
-from ijepa.checkpoint import atomic_save
+from ijepa.checkpoint import atomic_save, stale_temporaries
 
 KINDS = ("blocks", "tokens", "patches")  # block_means [N, n, D]; tokens [N, K, D]; block_tokens [N, n, K, D]
 TARGETS = ("masks", "counts")  # what dense data adds to an entry besides its labels
@@ -39,12 +42,32 @@ class FeatureCache:
     fewer reuses them, a request for more extracts again and replaces the file.
     """
 
-    def __init__(self, folder: str | Path | None, identity: dict):
+    def __init__(self, folder: str | Path | None, identity: dict, is_global_zero: bool = True):
         self.folder = Path(folder) if folder is not None else None
         self.identity = identity
+        if self.folder is not None and is_global_zero:
+            for path in stale_temporaries(self.folder):  # a write killed midway: never renamed into place
+                path.unlink(missing_ok=True)
         self.memory: dict[tuple[str, str], dict] = {}
         self.extracted: list[tuple[str, str]] = []  # what had to be encoded (for the log and the tests)
         self.reused: list[tuple[str, str]] = []  # what came from a file
+
+    def read(self, path: Path) -> dict | None:
+        """The entry cached at ``path``, or None (with a warning naming the file) when it cannot be
+        read, is not this evaluation's (a hash collision or a hand-edited file) or holds non-finite
+        features: then the split is extracted again and the file replaced."""
+        try:
+            entry = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # truncated, unreadable, not a torch file: any of them means "absent"
+            warnings.warn(f"the feature cache {path} cannot be read ({type(error).__name__}: {error}); extracting again.")
+            return None
+        identity = json.loads(json.dumps(self.identity, default=str))
+        if not isinstance(entry, dict) or entry.get("identity") != identity or "features" not in entry:
+            return None
+        if not torch.isfinite(entry["features"]).all():
+            warnings.warn(f"the feature cache {path} holds non-finite features; extracting again.")
+            return None
+        return entry
 
     def key(self, split: str, kind: str) -> str:
         text = json.dumps({**self.identity, "split": split, "kind": kind}, sort_keys=True, default=str)
@@ -59,10 +82,8 @@ class FeatureCache:
         ``counts``."""
         entry = self.memory.get((split, kind))
         if entry is None and self.folder is not None and self.path(split, kind).is_file():
-            entry = torch.load(self.path(split, kind), map_location="cpu", weights_only=True)
-            if entry.get("identity") != json.loads(json.dumps(self.identity, default=str)):
-                entry = None  # a hash collision or a hand-edited file: never trust it
-            else:
+            entry = self.read(self.path(split, kind))
+            if entry is not None:
                 self.reused.append((split, kind))
         if entry is None or (kind != "tokens" and entry["last_blocks"] < last_blocks):
             entry = {
@@ -70,9 +91,17 @@ class FeatureCache:
                 "last_blocks": last_blocks,
                 "identity": json.loads(json.dumps(self.identity, default=str)),
             }
+            bad = int((~torch.isfinite(entry["features"])).sum())
+            if bad:  # a score of NaN features is no score; a cached one would be reused
+                raise FloatingPointError(
+                    f"the {split} split's {kind} features hold {bad} non-finite values (NaN or inf) out of "
+                    f"{entry['features'].numel()}; nothing was cached. The encoder's weights are finite, so it overflows "
+                    "on these images (under --precision 16-mixed, try bf16-mixed or 32-true)."
+                )
             self.extracted.append((split, kind))
             if self.folder is not None and fabric.is_global_zero:
-                atomic_save(entry, self.path(split, kind))
+                advice = "point --cache_dir at a disk with room, or evaluate without a cache (--cache false)."
+                atomic_save(entry, self.path(split, kind), what="the feature cache", advice=advice)
             fabric.barrier()
         self.memory[(split, kind)] = entry
         found = {"features": last_blocks_of(entry["features"], kind, last_blocks)}

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ijepa.checkpoint import load_adapted
+from ijepa.checkpoint import load_adapted, non_finite_tensors
 from ijepa.interop.encoder import load_encoder
 from ijepa.interop.huggingface import load_hf
 from ijepa.module import IJEPA
@@ -233,6 +233,14 @@ def open_encoder(
                 "I-JEPA checkpoints: convert them first (ijepa convert SOURCE DEST ckpt, docs/interop.md)."
             ) from error
         frozen = adapt_ijepa(path, network, encoder, image_size, patch_size, num_frames)
+    bad = non_finite_tensors(frozen.network.state_dict())
+    if bad:  # it would be scored, and its NaN features cached, without a word
+        raise ValueError(
+            f"checkpoint={checkpoint!r}: its {encoder} encoder holds non-finite weights ({len(bad)} tensor"
+            f"{'s' * (len(bad) > 1)} with NaN or inf: {', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); "
+            "refusing to evaluate it. Use an earlier checkpoint of the run (previous-last.ckpt beside last.ckpt is "
+            "the one before the newest)."
+        )
     return frozen, {
         "path": str(path.resolve()),
         "sha256": file_digest(path),

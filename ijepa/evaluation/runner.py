@@ -116,7 +116,7 @@ class Evaluation:
             identity["pixel_tubelet_size"] = self.pixel_tubelet_size
         if encoder.adapted is not None:  # the same file at another patch size or frame count is another encoder
             identity["adapted"] = {key: encoder.adapted[key] for key in ("evaluated", "interpolation")}
-        cache = FeatureCache(self.cache_dir if self.cache else None, identity)
+        cache = FeatureCache(self.cache_dir if self.cache else None, identity, fabric.is_global_zero)
         ctx = EvalContext(fabric, encoder, self.data, cache, size, self.data.seed)
         results = []
         for protocol in self.protocols:
