@@ -59,6 +59,11 @@ class IJEPACLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
+        if subcommand == "fit" and self.config.fit.trainer.get("max_steps") == 0:
+            raise OptionError(
+                "trainer.max_steps: 0 trains no step (fit would end at once, saving nothing); set it >= 1, or -1 to "
+                "stop by trainer.max_epochs. To score a checkpoint, use ijepa validate or ijepa eval."
+            )
         if subcommand in ("validate", "test", "predict") and not self.config[subcommand].get("ckpt_path"):
             rank_zero_warn(
                 f"`ijepa {subcommand}` without --ckpt_path evaluates the model's random initialisation; pass "
@@ -165,6 +170,13 @@ class IJEPACLI(LightningCLI):
                 f"ckpt_path={ckpt_path!r} is a weights-only conversion (ijepa convert ... ckpt): it holds no "
                 "optimizer, schedule or step to resume. Start a new run from its weights with the "
                 "ijepa.callbacks.PositionEmbeddingInterpolation callback's init_checkpoint (docs/resolution.md)."
+            )
+        max_steps, step = self.config[subcommand].trainer.get("max_steps"), checkpoint.get("global_step")
+        if subcommand == "fit" and isinstance(step, int) and max_steps is not None and 0 < max_steps <= step:
+            rank_zero_warn(
+                f"ckpt_path={ckpt_path!r} is at step {step} and trainer.max_steps={max_steps}: the run is already at "
+                f"or past its end, so fit restores it and trains nothing. Raise trainer.max_steps above {step} to "
+                "train on (the schedules then stretch to the new length)."
             )
         hparams = migrate_legacy_hparams(checkpoint.get("hyper_parameters", {}))
         hparams = {k: v for k, v in hparams.items() if k not in ("image_size", "patch_size", "_instantiator")}

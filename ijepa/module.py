@@ -252,6 +252,7 @@ class IJEPA(L.LightningModule):
         self.save_hyperparameters(ignore=["regularizers", "objectives"])
         self.hparams["regularizers"] = [member.config() for member in regularizers]
         self.hparams["objectives"] = [member.config() for member in objectives]
+        Schedules(lr, start_lr, final_lr, warmup_steps, weight_decay, final_weight_decay)  # refuses a peak below an end
         self.objectives, self.target_blocks = nn.ModuleList(objectives), target_blocks(objectives, depth)
         # How checkpoints from another resolution are adapted on load; the
         # PositionEmbeddingInterpolation callback sets these from the config.
@@ -623,6 +624,8 @@ class IJEPA(L.LightningModule):
         return build_adamw(self, self.hparams.lr, self.hparams.weight_decay, self.hparams.betas, self.device)
 
     def configure_optimizers(self):
+        if warning := self.schedules.warmup_warning(self.total_steps()):
+            rank_zero_warn(warning)
         optimizer = self.build_optimizer()
         return {"optimizer": optimizer, "lr_scheduler": lr_scheduler(optimizer, self.schedules, self.total_steps)}
 

@@ -29,6 +29,24 @@ class Schedules:
     weight_decay: float
     final_weight_decay: float
 
+    def __post_init__(self):
+        for name in ("start_lr", "final_lr"):
+            if getattr(self, name) > self.lr:  # the "peak" would not be one: warm-up down, or decay up
+                raise ValueError(
+                    f"{name} must be <= lr (the peak of warm-up {self.start_lr} -> lr, then cosine to final_lr), "
+                    f"got {name}={getattr(self, name)} above lr={self.lr}."
+                )
+
+    def warmup_warning(self, total_steps: int) -> str | None:
+        """What to tell a run of ``total_steps`` whose warm-up never ends, or None."""
+        if self.warmup_steps <= total_steps:
+            return None
+        return (
+            f"warmup_steps={self.warmup_steps} is longer than the run ({total_steps} optimizer steps): the warm-up is "
+            f"squeezed into the whole run, so the learning rate only climbs ({self.start_lr} -> {self.lr}) and never "
+            f"decays to final_lr={self.final_lr}. Set warmup_steps below the run's length."
+        )
+
     def lr_at(self, step: int, total_steps: int) -> float:
         """Learning rate at optimizer ``step``: linear warm-up, then cosine decay."""
         total = max(total_steps, 1)

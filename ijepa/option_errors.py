@@ -15,8 +15,10 @@ import os
 import re
 import sys
 import typing
+from pathlib import Path
 
 import lightning as L
+import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 
 from ijepa.registry import concrete_subclasses
@@ -37,6 +39,21 @@ class IJEPAArgumentParser(LightningArgumentParser):
     known classes when a class path does not resolve; jsonargparse's message follows, without
     the usage."""
 
+    def parse_path(self, path, *args, **kwargs):
+        """A config file, refused when a mapping in it holds a key twice (YAML keeps the last one
+        without a word, so half of what the file says would be ignored)."""
+        try:
+            repeated = duplicate_keys(Path(str(getattr(path, "absolute", path))).read_text())
+        except OSError:  # unreadable: jsonargparse says so itself
+            repeated = []
+        if repeated:
+            key, first, second = repeated[0]
+            self.error(
+                f"--config {path}: the key {key!r} is set twice in one mapping (lines {first} and {second}); YAML "
+                "would keep the second silently. Keep one of them."
+            )
+        return super().parse_path(path, *args, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
         parser = getattr(ex, "subcommand_parser", None) or self
         headline = parse_error_headline(parser, message, ex)
@@ -47,6 +64,42 @@ class IJEPAArgumentParser(LightningArgumentParser):
         prog = parser.prog.replace(" [options]", "")
         sys.stderr.write(f"error: {message}\ntip: `{prog} --help` lists the options.\n")
         sys.exit(2)
+
+
+class _KeyLines(yaml.SafeLoader):
+    """Records, instead of overwriting, a mapping key that comes twice."""
+
+    repeated: list[tuple[object, int, int]]
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges, it does not repeat
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        self.repeated.append((key, seen[key], line))
+                    seen.setdefault(key, line)
+                except TypeError:  # an unhashable key: yaml's own error follows
+                    pass
+        return super().construct_mapping(node, deep)
+
+
+def duplicate_keys(text: str) -> list[tuple[object, int, int]]:
+    """``(key, first line, repeated line)`` of every key set twice in one mapping of the YAML
+    ``text``; ``[]`` for text that is not YAML (the parser reports that itself)."""
+    loader = _KeyLines(text)
+    loader.repeated = []
+    try:
+        loader.get_single_data()
+    except yaml.YAMLError:
+        return []
+    finally:
+        loader.dispose()
+    return sorted(loader.repeated, key=lambda found: found[2])
 
 
 def parse_error_headline(parser, message: str, ex: Exception | None) -> str | None:

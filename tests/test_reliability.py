@@ -76,6 +76,7 @@ def test_resume_flags_win_over_the_checkpoints_hyperparameters(tmp_path):
         CONFIG,
         f"--ckpt_path={last}",
         "--model.lr=1e-5",
+        "--model.start_lr=1e-6",  # at most lr (refused above it)
         "--model.warmup_steps=500",
         "--model.final_weight_decay=0.1",
         f"--trainer.default_root_dir={tmp_path / 'b'}",

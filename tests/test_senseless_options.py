@@ -1,0 +1,111 @@
+"""Options that make no sense are refused or warned before the run: a schedule whose peak is not
+its peak, a warm-up longer than the run, max_steps 0, a resume already past max_steps, a key
+set twice in a YAML config, a grid too large to encode."""
+
+import functools
+import warnings
+
+import lightning as L
+import pytest
+import torch
+from conftest import TINY_CONFIG, TINY_MODEL
+
+from ijepa.cli import build_cli, main
+from ijepa.module import IJEPA
+from ijepa.optim import Schedules
+
+CONFIG = str(TINY_CONFIG)
+
+
+def error_lines(capsys, *args, command="fit") -> list[str]:
+    with pytest.raises(SystemExit) as exit:
+        main([command, "--config", CONFIG, *args])
+    assert exit.value.code == 2
+    return capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("flag", "first"),
+    [
+        (
+            "--model.start_lr=0.01",
+            "error: model: start_lr must be <= lr (the peak of warm-up 0.01 -> lr, then cosine to final_lr), got "
+            "start_lr=0.01 above lr=0.002.",
+        ),
+        (
+            "--model.final_lr=0.01",
+            "error: model: final_lr must be <= lr (the peak of warm-up 0.0002 -> lr, then cosine to final_lr), got "
+            "final_lr=0.01 above lr=0.002.",
+        ),
+        (
+            "--trainer.max_steps=0",
+            "error: trainer.max_steps: 0 trains no step (fit would end at once, saving nothing); set it >= 1, or -1 "
+            "to stop by trainer.max_epochs. To score a checkpoint, use ijepa validate or ijepa eval.",
+        ),
+    ],
+    ids=["start_lr", "final_lr", "max_steps-0"],
+)
+def test_a_schedule_without_its_peak_and_max_steps_0_are_one_line_naming_them(capsys, flag, first):
+    assert error_lines(capsys, flag)[0] == first
+
+
+def test_a_peak_equal_to_its_ends_is_accepted():
+    Schedules(1e-3, 1e-3, 1e-3, 10, 0.04, 0.04)
+    with pytest.raises(ValueError, match=r"^final_lr must be <= lr"):
+        Schedules(1e-3, 1e-3, 1.0000001e-3, 10, 0.04, 0.04)
+
+
+def test_a_warmup_longer_than_the_run_is_warned_with_what_the_lr_does_instead():
+    schedules = Schedules(1e-3, 2e-4, 1e-6, 100, 0.04, 0.04)
+    assert schedules.warmup_warning(100) is None
+    assert schedules.warmup_warning(50) == (
+        "warmup_steps=100 is longer than the run (50 optimizer steps): the warm-up is squeezed into the whole run, so "
+        "the learning rate only climbs (0.0002 -> 0.001) and never decays to final_lr=1e-06. Set warmup_steps below "
+        "the run's length."
+    )
+    # what it says is what the schedule does: rising at every step, never decaying
+    lrs = [schedules.lr_at(step, 50) for step in range(50)]
+    assert all(a < b for a, b in zip(lrs, lrs[1:])) and lrs[0] == 2e-4
+
+
+def test_fit_warns_of_a_warmup_longer_than_the_run(tmp_path):
+    args = ["fit", "--config", CONFIG, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"]
+    args += ["--trainer.max_steps=3", "--trainer.limit_val_batches=0", "--model.warmup_steps=5"]
+    with pytest.warns(UserWarning, match=r"^warmup_steps=5 is longer than the run \(3 optimizer steps\)"):
+        main(args)
+
+
+def test_resuming_a_checkpoint_at_or_past_max_steps_says_nothing_will_train(tmp_path, monkeypatch):
+    monkeypatch.setattr(L.Trainer, "fit", functools.wraps(L.Trainer.fit)(lambda *a, **k: None))
+    monkeypatch.setattr("sys.argv", ["ijepa"])
+    model = IJEPA(**TINY_MODEL)
+    checkpoint = tmp_path / "step40.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "global_step": 40}, checkpoint)
+    args = ["fit", "--config", CONFIG, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"]
+    args.append(f"--ckpt_path={checkpoint}")
+    with pytest.warns(UserWarning, match=r"is at step 40 and trainer.max_steps=30: the run is already at or past"):
+        build_cli(args + ["--trainer.max_steps=30"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_cli(args + ["--trainer.max_steps=41"])
+    assert not [w for w in caught if "past its end" in str(w.message)]
+
+
+def test_a_key_set_twice_in_a_config_is_refused_naming_the_key_and_both_lines(capsys, tmp_path):
+    config = tmp_path / "twice.yaml"
+    config.write_text("model:\n  lr: 1.0e-3\n  depth: 2\n  lr: 5.0e-4\n")
+    lines = error_lines(capsys, "--config", str(config))
+    assert lines[0] == (
+        f"error: --config {config}: the key 'lr' is set twice in one mapping (lines 2 and 4); YAML would keep the "
+        "second silently. Keep one of them."
+    )
+    # ijepa eval's configs too
+    with pytest.raises(SystemExit) as exit:
+        main(["eval", "--config", str(config)])
+    assert exit.value.code == 2 and "the key 'lr' is set twice" in capsys.readouterr().err
+    # a merge key repeats nothing
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("model: &m\n  depth: 2\ndata:\n  <<: {batch_size: 8}\n  batch_size: 16\n")
+    from ijepa.option_errors import duplicate_keys
+
+    assert duplicate_keys(merged.read_text()) == []
