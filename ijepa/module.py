@@ -24,7 +24,7 @@ from ijepa.checkpoint import (
     saved_checkpoints,
 )
 from ijepa.data.batch import GridBatch, LabeledBatch, PackedBatch
-from ijepa.nn.checks import check_range, index_checks
+from ijepa.nn.checks import check_heads, check_range, check_token_grid, index_checks
 from ijepa.nn.packing import (
     canvas_positions,
     instance_norm_per_image,
@@ -150,6 +150,7 @@ class IJEPA(L.LightningModule):
             target encoder needs none (no backward). Losses and gradients are unchanged.
         debug_checks: run the host-syncing index range checks inside every step (off: the
             indices come from the mask sampler and the collator checks them on the CPU).
+        max_tokens: refuse a grid of more tokens per image or clip (null: no bound), with its cost.
     """
 
     # Arguments that fix the parameters' shapes or meaning: a resumed run cannot change them
@@ -209,6 +210,7 @@ class IJEPA(L.LightningModule):
         compile_options: dict | None = None,
         activation_checkpointing: int = 0,
         debug_checks: bool = False,
+        max_tokens: int | None = 65_536,
     ):
         super().__init__()
         if loss not in LOSSES:
@@ -259,6 +261,9 @@ class IJEPA(L.LightningModule):
         self.position_interpolation = {"mode": "bicubic", "antialias": False}
         if num_frames < 0:
             raise ValueError(f"num_frames must be 0 (images) or a positive frame count, got {num_frames}.")
+        check_token_grid(image_size, patch_size, num_frames, tubelet_size, embed_dim, num_heads, max_tokens)
+        check_heads(num_heads, embed_dim, "num_heads", "embed_dim")
+        check_heads(predictor_num_heads, predictor_embed_dim, "predictor_num_heads", "predictor_embed_dim")
         # one encoder class; the patch or tubelet embedding is what differs
         embedding = (num_frames, image_size, tubelet_size) if num_frames else (image_size,)
         build = VisionTransformer.for_clips if num_frames else VisionTransformer.for_images

@@ -154,6 +154,7 @@ OUT_OF_RANGE = {
         tubelet_size=0,
         time_unit=0.0,
         activation_checkpointing=-1,
+        max_tokens=3,  # a 2 x 2 grid is the smallest
     ),
     IJEPADataModule: dict(
         image_size=0,

@@ -109,3 +109,39 @@ def test_a_key_set_twice_in_a_config_is_refused_naming_the_key_and_both_lines(ca
     from ijepa.option_errors import duplicate_keys
 
     assert duplicate_keys(merged.read_text()) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "first"),
+    [
+        (
+            ["--data.image_size=4096"],
+            "error: model: image_size=4096 / patch_size=8 makes 262,144 tokens per image, above max_tokens=65,536: "
+            "each block's token features take 33.6 MB per image and its attention scores, without a fused kernel, "
+            "549.8 GB. Use a larger patch_size or a smaller image_size, or raise model.max_tokens (null: no bound).",
+        ),
+        (
+            ["--data.image_size=8"],
+            "error: model: image_size=8 (data.image_size) is less than two patches of patch_size=8 (model.patch_size): "
+            "I-JEPA needs a grid of at least 2 x 2 tokens; set image_size >= 16 or a smaller patch_size.",
+        ),
+        (
+            ["--model.predictor_num_heads=5"],
+            "error: model: predictor_num_heads=5 must divide predictor_embed_dim=16 (each head reads width / heads "
+            "channels).",
+        ),
+    ],
+    ids=["4096-pixels", "one-patch", "predictor-heads"],
+)
+def test_a_grid_too_large_or_too_small_and_heads_that_do_not_divide_are_one_line_naming_them(capsys, flags, first):
+    assert error_lines(capsys, *flags)[0] == first
+
+
+def test_the_token_bound_counts_clips_and_can_be_lifted():
+    from ijepa.nn.checks import check_token_grid
+
+    assert check_token_grid(64, 8, 0, 2, 32, 2, 64) == 64  # 8 x 8: at the bound
+    assert check_token_grid(64, 8, 16, 2, 32, 2, None) == 8 * 8 * 8  # 8 tubelets deep
+    with pytest.raises(ValueError, match=r"makes 512 tokens per clip, above max_tokens=511"):
+        check_token_grid(64, 8, 16, 2, 32, 2, 511)
+    assert check_token_grid(4096, 8, 0, 2, 32, 2, None) == 512 * 512

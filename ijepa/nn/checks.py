@@ -88,3 +88,44 @@ def check_values(values, name: str, low: float, *, low_open: bool = False) -> No
         raise ValueError(f"{name} must hold at least one value, got {list(values)}.")
     for i, value in enumerate(values):
         check_range(value, f"{name}[{i}]", low, low_open=low_open)
+
+
+def check_heads(num_heads: int, width: int, heads_name: str, width_name: str) -> None:
+    """Raise ValueError naming both options unless ``num_heads`` divides ``width``."""
+    if num_heads < 1 or width % num_heads:
+        raise ValueError(
+            f"{heads_name}={num_heads} must divide {width_name}={width} (each head reads width / heads channels)."
+        )
+
+
+def _size(count: int) -> str:
+    return f"{count / 1e9:,.1f} GB" if count >= 1e9 else f"{count / 1e6:,.1f} MB"
+
+
+def check_token_grid(
+    image_size: int, patch_size: int, num_frames: int, tubelet_size: int, width: int, num_heads: int, max_tokens
+) -> int:
+    """The tokens of one image (clip), refused when the grid is under 2 x 2 (no context and target
+    blocks to draw) or holds more than ``max_tokens`` (None: no bound), with what one image would
+    cost: a grid of 512 x 512 tokens trains for hours before anything else goes wrong."""
+    if max_tokens is not None:
+        check_range(max_tokens, "max_tokens", 4)
+    side = image_size // patch_size
+    if side < 2:
+        raise ValueError(
+            f"image_size={image_size} (data.image_size) is less than two patches of patch_size={patch_size} "
+            f"(model.patch_size): I-JEPA needs a grid of at least 2 x 2 tokens; set image_size >= {2 * patch_size} "
+            "or a smaller patch_size."
+        )
+    tokens = side * side * (num_frames // tubelet_size if num_frames else 1)
+    if max_tokens is not None and tokens > max_tokens:
+        features = tokens * width * 4  # float32 token features of one block
+        scores = tokens * tokens * num_heads * 4  # one block's attention scores without a fused kernel
+        raise ValueError(
+            f"image_size={image_size} / patch_size={patch_size} makes {tokens:,} tokens per "
+            f"{'clip' if num_frames else 'image'}, above max_tokens={max_tokens:,}: each block's token features take "
+            f"{_size(features)} per image and its attention scores, without a fused kernel, {_size(scores)}. "
+            "Use a larger patch_size or a smaller image_size, or raise model.max_tokens (null: no bound)."
+        )
+    return tokens
+
