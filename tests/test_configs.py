@@ -42,6 +42,24 @@ def test_config_builds(config, tmp_path):
     } <= callbacks
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_every_training_config_keeps_the_best_checkpoint_by_the_knn_probe_beside_the_last(config, tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    cli = IJEPACLI(
+        IJEPA,
+        IJEPADataModule,
+        run=False,
+        args=["--config", str(config), "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"],
+    )
+    checkpoints = [cb for cb in cli.trainer.callbacks if isinstance(cb, ModelCheckpoint)]
+    best = [cb for cb in checkpoints if cb.monitor is not None]
+    assert [(cb.monitor, cb.mode, cb.filename, cb.save_top_k) for cb in best] == [("val/knn_top1", "max", "best", 1)]
+    assert any(cb.save_last for cb in checkpoints)
+    # Lightning's --ckpt_path best reads the first ModelCheckpoint: the one that ranks
+    assert cli.trainer.checkpoint_callback is best[0]
+
+
 def test_there_are_the_documented_configs():
     assert {"quickstart", "stl10_vit_tiny", "stl10_vit_small"} <= {c.stem for c in CONFIGS}
 
