@@ -9,6 +9,7 @@ and ``ijepa submit [options] -- fit ...`` (:mod:`ijepa.launch.submit`).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -29,7 +30,16 @@ from ijepa.interop import convert
 from ijepa.launch import submit as launcher
 from ijepa.launch.requeue import StepBoundaryRequeue
 from ijepa.module import IJEPA
-from ijepa.option_errors import CLASS_KEYS, HeldBack, IJEPAArgumentParser, OptionError, built_class, innermost_error
+from ijepa.option_errors import (
+    CLASS_KEYS,
+    OWN_ERRORS,
+    HeldBack,
+    IJEPAArgumentParser,
+    OptionError,
+    built_class,
+    innermost_error,
+    raised_by_project,
+)
 from ijepa.regularizers import migrate_legacy_hparams
 from ijepa.strategy import FSDP2Strategy  # noqa: F401  (importing it registers trainer.strategy: fsdp2)
 
@@ -288,6 +298,11 @@ def main(args: list[str] | None = None) -> None:
     except SIGTERMException:
         sys.exit(128 + signal.SIGTERM)
     except OptionError as error:  # a value the user set: the message says which and why, no traceback
+        sys.stderr.write(f"error: {error}\n")
+        sys.exit(2)
+    except OWN_ERRORS as error:  # the project's own message (a checkpoint to resume from, a path to fix)
+        if not raised_by_project(error) or os.environ.get("IJEPA_DEBUG"):
+            raise
         sys.stderr.write(f"error: {error}\n")
         sys.exit(2)
 

@@ -23,6 +23,20 @@ from lightning.pytorch.cli import LightningArgumentParser
 
 from ijepa.registry import concrete_subclasses
 
+PACKAGE = Path(__file__).resolve().parent
+OWN_ERRORS = (ValueError, OSError, ArithmeticError, ImportError)  # the kinds the project raises with its messages
+
+
+def raised_by_project(error: BaseException) -> bool:
+    """Whether ``error`` is one of :data:`OWN_ERRORS` raised by a line of the ``ijepa`` package
+    (its messages say what to do; a traceback would bury them), not by a library below it."""
+    if not isinstance(error, OWN_ERRORS):
+        return False
+    frame, last = error.__traceback__, None
+    while frame is not None:
+        last, frame = frame, frame.tb_next
+    return last is not None and Path(last.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE)
+
 
 class OptionError(ValueError):
     """An option the run sets is out of its range or not one of its choices; the message's first

@@ -80,7 +80,9 @@ def test_resuming_a_checkpoint_at_or_past_max_steps_says_nothing_will_train(tmp_
     monkeypatch.setattr("sys.argv", ["ijepa"])
     model = IJEPA(**TINY_MODEL)
     checkpoint = tmp_path / "step40.ckpt"
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "global_step": 40}, checkpoint)
+    torch.save(
+        {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "global_step": 40}, checkpoint
+    )
     args = ["fit", "--config", CONFIG, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"]
     args.append(f"--ckpt_path={checkpoint}")
     with pytest.warns(UserWarning, match=r"is at step 40 and trainer.max_steps=30: the run is already at or past"):

@@ -59,13 +59,16 @@ class FeatureCache:
         try:
             entry = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # truncated, unreadable, not a torch file: any of them means "absent"
-            warnings.warn(f"the feature cache {path} cannot be read ({type(error).__name__}: {error}); extracting again.")
+            warnings.warn(
+                f"the feature cache {path} cannot be read ({type(error).__name__}: {error}); extracting again.",
+                stacklevel=3,
+            )
             return None
         identity = json.loads(json.dumps(self.identity, default=str))
         if not isinstance(entry, dict) or entry.get("identity") != identity or "features" not in entry:
             return None
         if not torch.isfinite(entry["features"]).all():
-            warnings.warn(f"the feature cache {path} holds non-finite features; extracting again.")
+            warnings.warn(f"the feature cache {path} holds non-finite features; extracting again.", stacklevel=3)
             return None
         return entry
 

@@ -30,7 +30,7 @@ from ijepa.evaluation.data import EvalData
 from ijepa.evaluation.encoders import PIXELS, FrozenEncoder, open_encoder
 from ijepa.evaluation.protocols import Protocol
 from ijepa.interop.encoder import save_json
-from ijepa.option_errors import IJEPAArgumentParser, innermost_error
+from ijepa.option_errors import OWN_ERRORS, IJEPAArgumentParser, innermost_error, raised_by_project
 
 RESULTS_VERSION = 1
 
@@ -227,8 +227,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         init = getattr(parser, "instantiate", parser.instantiate_classes)(config)
         evaluation = Evaluation(**init.as_dict() if hasattr(init, "as_dict") else init)
         return evaluation.run()
-    except (ValueError, FileNotFoundError) as error:
-        if os.environ.get("IJEPA_DEBUG"):
+    except OWN_ERRORS as error:  # ValueError: also a library's, reached through the project's options
+        if os.environ.get("IJEPA_DEBUG") or not (isinstance(error, ValueError) or raised_by_project(error)):
             raise
         # a constructor's own error (EvalData's data.image_size ...), not jsonargparse's wrapping of it
         sys.stderr.write(f"error: {innermost_error(error)}\n")

@@ -128,4 +128,3 @@ def check_token_grid(
             "Use a larger patch_size or a smaller image_size, or raise model.max_tokens (null: no bound)."
         )
     return tokens
-

@@ -367,7 +367,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", choices=DATASETS, default="shapes")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument(
-        "--baselines", nargs="*", default=list(BASELINES.values()), choices=list(BASELINES.values()), help="the untrained rows"
+        "--baselines",
+        nargs="*",
+        default=list(BASELINES.values()),
+        choices=list(BASELINES.values()),
+        help="the untrained rows",
     )
     parser.add_argument("--best", nargs="+", default=list(BEST), choices=list(LEVERS), help="the levers of +best")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
