@@ -27,6 +27,7 @@ import io
 import json
 import multiprocessing
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -229,6 +230,42 @@ def prepare(
     return index
 
 
+def chunk_bytes(text: str) -> str | int:
+    """``--chunk-bytes``: a count of bytes, or one with a unit litdata reads (``64MB``, ``512kb``)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?b?)\s*", text, flags=re.IGNORECASE)
+    if match is None or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size > 0 (bytes, or with a unit: 64MB, 512kb)")
+    return int(match.group(1)) if not match.group(2) and match.group(1).isdigit() else text.strip()
+
+
+def check_chunks(root: str, split: str, option: str = "data.source") -> None:
+    """Every chunk a local split's litdata ``index.json`` lists exists with its recorded size (a
+    deleted or cut chunk would otherwise fail mid-epoch as litdata's download timeout)."""
+    if _is_url(root):
+        return  # remote: litdata fetches and checks each chunk as it comes
+    folder = Path(root) / split
+    try:
+        listed = json.loads((folder / "index.json").read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"{option}.root={root!r}: {folder / 'index.json'} cannot be read ({type(error).__name__}: {error}); "
+            "write the shards again with ijepa prepare."
+        ) from None
+    exact = listed.get("config", {}).get("compression") is None  # compressed chunks record their raw size
+    for chunk in listed.get("chunks", []):
+        path = folder / chunk["filename"]
+        if not path.is_file():
+            problem = "is missing"
+        elif exact and path.stat().st_size != chunk["chunk_bytes"]:
+            problem = f"holds {path.stat().st_size} bytes where index.json records {chunk['chunk_bytes']}"
+        else:
+            continue
+        raise ValueError(
+            f"{option}.root={root!r}: the chunk {path} {problem}; the shards were changed after ijepa prepare. "
+            "Restore the file or write the shards again."
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ijepa prepare",
@@ -244,7 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--val-split", choices=STL10_SPLITS, default=None, help="STL-10: a split written as val (e.g. test)"
     )
     parser.add_argument("--num-workers", type=int, default=1, help="processes writing shards (default 1)")
-    parser.add_argument("--chunk-bytes", default="64MB", help="bytes per shard file, e.g. 64MB (default)")
+    parser.add_argument(
+        "--chunk-bytes", type=chunk_bytes, default="64MB", help="bytes per shard file: 64MB (default), 512kb, 1000000"
+    )
     parser.add_argument(
         "--masks",
         default=None,
@@ -424,6 +463,8 @@ class ShardsSource(DataSource):
     def splits(self, settings: SplitSettings) -> Splits:
         index = self.index(settings.option)
         classes, written = index["classes"], index["splits"]
+        for name in written:
+            check_chunks(self.root, name, settings.option)
         num_classes = len(classes)
 
         def labels(name: str) -> list[int]:

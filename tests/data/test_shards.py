@@ -150,3 +150,36 @@ def test_probe_shards_with_another_class_index_are_refused_naming_both(tmp_path,
         f"data.probe_source.root='{other}' was written with another class index than "
         f"data.source.root='{folder_and_shards[1]}': ['circle', 'star'] against ['circle', 'ring']."
     )
+
+
+@pytest.mark.parametrize("fault", ["deleted", "cut"])
+def test_a_deleted_or_cut_chunk_is_named_at_setup_before_any_step(tmp_path, folder_and_shards, fault):
+    import shutil
+
+    copy = tmp_path / "shards"
+    shutil.copytree(folder_and_shards[1], copy)
+    chunk = sorted((copy / "train").glob("chunk-*.bin"))[-1]
+    size = chunk.stat().st_size
+    if fault == "deleted":
+        chunk.unlink()
+        problem = "is missing"
+    else:
+        chunk.write_bytes(chunk.read_bytes()[: size // 2])
+        problem = f"holds {size // 2} bytes where index.json records {size}"
+    with pytest.raises(ValueError) as error:
+        datamodule(ShardsSource(str(copy))).setup("fit")
+    assert str(error.value) == (
+        f"data.source.root={str(copy)!r}: the chunk {chunk} {problem}; the shards were changed after ijepa prepare. "
+        "Restore the file or write the shards again."
+    )
+
+
+@pytest.mark.parametrize(("given", "read"), [("64MB", "64MB"), ("512kb", "512kb"), ("1000000", 1_000_000)])
+def test_chunk_bytes_takes_a_count_or_a_unit_and_refuses_the_rest_in_one_line(capsys, tmp_path, given, read):
+    from ijepa.data.shards import build_parser
+
+    assert build_parser().parse_args(["src", "dest", "--chunk-bytes", given]).chunk_bytes == read
+    with pytest.raises(SystemExit) as stop:
+        main(["prepare", str(tmp_path), str(tmp_path / "out"), "--chunk-bytes", "4 parsecs"])
+    assert stop.value.code == 2 and "'4 parsecs' is not a size > 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
