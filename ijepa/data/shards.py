@@ -28,8 +28,10 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,11 +41,13 @@ from torch.utils.data import Dataset, Subset
 
 from ijepa.data.batch import IGNORE_INDEX
 from ijepa.data.imagefolder import (
+    BAD_IMAGE_POLICIES,
     UNKNOWN_COUNT,
     UNLABELLED,
     RobustImageFolder,
     check_mask_options,
     load_mask,
+    load_rgb,
     to_rgb,
 )
 from ijepa.data.sources import DataSource, Splits, SplitSettings, check_fraction, holdout_split
@@ -90,6 +94,32 @@ class _FileBytes:
             with open(self.masks[index], "rb") as f:
                 item["mask"] = f.read()
         return item
+
+
+def image_problem(path: str) -> str | None:
+    """Why the image file at ``path`` cannot be trained on (a dangling link, no read permission,
+    empty, not an image, truncated, a decompression bomb), or None: decoded as training decodes it."""
+    try:
+        load_rgb(path)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def bad_images(paths: list[str], num_workers: int) -> dict[str, str]:
+    """``{path: problem}`` of the files among ``paths`` that :func:`image_problem` refuses."""
+    if num_workers > 1 and len(paths) > 1:
+        start = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        with multiprocessing.get_context(start).Pool(num_workers) as pool:
+            problems = pool.map(image_problem, paths, chunksize=max(1, len(paths) // (16 * num_workers)))
+    else:
+        problems = [image_problem(path) for path in paths]
+    return {path: problem for path, problem in zip(paths, problems) if problem is not None}
+
+
+def _listed(problems: dict[str, str], most: int = 5) -> str:
+    shown = "; ".join(f"{path} ({problem})" for path, problem in list(problems.items())[:most])
+    return shown + (f"; and {len(problems) - most} more" if len(problems) > most else "")
 
 
 class _PNGBytes:
@@ -169,11 +199,17 @@ def prepare(
     chunk_bytes: str = "64MB",
     masks: str | Path | None = None,
     ignore_index: int = IGNORE_INDEX,
+    bad_images_policy: str = "error",
 ) -> dict:
     """Write ``src`` (an image folder, or a folder holding ``stl10_binary/``) into shards under
     ``dest`` (missing or empty); returns the index written to ``dest/ijepa_shards.json``.
     ``masks`` (image folders): the folder of each image's index-PNG class mask, stored beside it;
-    ``ignore_index``: their value of ignored pixels (see :class:`ijepa.data.ImageFolderSource`)."""
+    ``ignore_index``: their value of ignored pixels (see :class:`ijepa.data.ImageFolderSource`).
+
+    Every image of a folder is decoded first, as training decodes it: with ``bad_images_policy``
+    ``error`` a file that cannot be (corrupt, empty, not an image, a dangling link, unreadable) is
+    named and nothing is written; with ``skip`` such files are left out and listed in the index
+    (``skipped``). A failure while writing removes what was written, so DEST is as it was."""
     litdata = _litdata("ijepa prepare")
     src, dest = Path(src), Path(dest)
     if not src.is_dir():
@@ -183,6 +219,7 @@ def prepare(
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise FileExistsError(f"DEST={str(dest)!r} is not an empty folder: give a new or empty folder for the shards.")
     check_mask_options(None if masks is None else str(masks), ignore_index)
+    problems: dict[str, str] = {}  # image files left out (bad_images_policy skip)
     if (src / "stl10_binary").is_dir():
         if masks is not None:
             raise ValueError("--masks reads an image folder's masks; STL-10 has none.")
@@ -192,27 +229,48 @@ def prepare(
     else:
         if split is not None or val_split is not None:
             raise ValueError("--split and --val-split choose STL-10 splits; an image folder's layout gives its splits.")
+        if bad_images_policy not in BAD_IMAGE_POLICIES:
+            raise ValueError(f"--bad-images must be one of {BAD_IMAGE_POLICIES}, got {bad_images_policy!r}.")
         classes, samples, description, mask_paths = folder_layout(src, masks)
+        problems = bad_images([path for items in samples.values() for path, _ in items], num_workers)
+        if problems and bad_images_policy == "error":
+            raise ValueError(
+                f"{len(problems)} file{'s' * (len(problems) > 1)} of SRC cannot be decoded as images: "
+                f"{_listed(problems)}. Remove them, or pass --bad-images skip to leave them out; nothing was written."
+            )
+        if problems:
+            for name in samples:
+                kept = [i for i, (path, _) in enumerate(samples[name]) if path not in problems]
+                samples[name] = [samples[name][i] for i in kept]
+                if mask_paths is not None:
+                    mask_paths[name] = [mask_paths[name][i] for i in kept]
+            print(f"skipping {len(problems)} unreadable files: {_listed(problems)}", file=sys.stderr)
         functions = {
             name: _FileBytes(items, None if mask_paths is None else mask_paths[name]) for name, items in samples.items()
         }
         labels = {name: [label for _, label in items] for name, items in samples.items()}
         sizes = {name: len(items) for name, items in samples.items()}
+    existed = dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     # fork: spawned workers would import torch again, ~10 s each before the first item.
     start = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    for name, function in functions.items():
-        litdata.optimize(
-            fn=function,
-            inputs=list(range(sizes[name])),
-            output_dir=str(dest / name),
-            chunk_bytes=chunk_bytes,
-            num_workers=num_workers,
-            keep_data_ordered=True,  # each worker writes a contiguous run: shard index == source index
-            reorder_files=False,
-            start_method=start,
-            verbose=False,
-        )
+    try:
+        for name, function in functions.items():
+            litdata.optimize(
+                fn=function,
+                inputs=list(range(sizes[name])),
+                output_dir=str(dest / name),
+                chunk_bytes=chunk_bytes,
+                num_workers=num_workers,
+                keep_data_ordered=True,  # each worker writes a contiguous run: shard index == source index
+                reorder_files=False,
+                start_method=start,
+                verbose=False,
+            )
+    except BaseException:  # DEST as it was: a rerun must not find it "not empty"
+        for written in list(dest.iterdir()) if existed else [dest]:
+            shutil.rmtree(written, ignore_errors=True) if written.is_dir() else written.unlink(missing_ok=True)
+        raise
     index = {
         "format": FORMAT,
         "version": VERSION,
@@ -224,6 +282,8 @@ def prepare(
     }
     if masks is not None:
         index["masks"] = {"ignore_index": ignore_index}
+    if problems:
+        index["skipped"] = problems
     partial = dest / f".{INDEX_FILE}.partial"
     partial.write_text(json.dumps(index))
     partial.replace(dest / INDEX_FILE)  # last, and atomic: its presence means the shards are whole
@@ -282,6 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--num-workers", type=int, default=1, help="processes writing shards (default 1)")
     parser.add_argument(
+        "--bad-images",
+        choices=BAD_IMAGE_POLICIES,
+        default="error",
+        help="image folders: a file that does not decode is refused, naming it (error, default), or left out and "
+        "listed (skip)",
+    )
+    parser.add_argument(
         "--chunk-bytes", type=chunk_bytes, default="64MB", help="bytes per shard file: 64MB (default), 512kb, 1000000"
     )
     parser.add_argument(
@@ -314,6 +381,7 @@ def main(argv: list[str] | None = None) -> dict:
             args.chunk_bytes,
             masks=args.masks,
             ignore_index=args.ignore_index,
+            bad_images_policy=args.bad_images,
         )
     except (ValueError, OSError, ImportError) as error:
         if os.environ.get("IJEPA_DEBUG"):
@@ -381,8 +449,11 @@ class ShardImages(Dataset):
         transform: Callable | None = None,
         cache_dir: str | None = None,
         masks: dict | None = None,
+        bad_images: str = "error",
+        source: str = "an unknown source",
     ):
         self.url, self.targets, self.classes = url, labels, classes
+        self.bad_images, self.source, self.skipped = bad_images, source, set()
         self.class_to_idx = {name: i for i, name in enumerate(classes)}
         self.transform, self.cache_dir = transform, cache_dir
         self.masks = masks
@@ -409,8 +480,25 @@ class ShardImages(Dataset):
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} images.")
         index = int(index) % len(self)
-        item = self.stream()[index]
-        image = decode(item["image"], f"{self.url} item {index}")
+        for offset in range(len(self)):  # skip: the next decodable item, as RobustImageFolder
+            position = (index + offset) % len(self)
+            item = self.stream()[position]
+            try:
+                image = decode(item["image"], f"{self.url} item {position}")
+                break
+            except (OSError, SyntaxError, ValueError) as error:
+                problem = (
+                    f"{self.url} item {position} (of {self.source}) cannot be decoded ({type(error).__name__}: {error})"
+                )
+                if self.bad_images == "error":
+                    raise ValueError(
+                        f"{problem}; these shards were written before ijepa prepare checked every image: write them "
+                        "again, or set data.source.bad_images=skip to skip such items with a warning."
+                    ) from None
+                if position not in self.skipped:
+                    self.skipped.add(position)
+                    warnings.warn(f"skipping {problem}; {len(self.skipped)} skipped so far.", stacklevel=2)
+        index = position
         if self.masks is not None:
             name = f"{self.url} item {index}"
             mask = load_mask(f"{name} mask", name, image.size, self.masks["ignore_index"], data=item["mask"])
@@ -436,10 +524,22 @@ class ShardsSource(DataSource):
         holdout_fraction: share of each class held out for probing when there is no val split
             (unlabelled shards: the share of the training images that val/loss reuses).
         cache_dir: where litdata keeps chunks downloaded from a URL (null: litdata's default).
+        bad_images: an item that does not decode (shards written before ``ijepa prepare`` checked
+            every image): ``error`` (raise, naming it and the shards' source) or ``skip`` (warn, take
+            the next item).
     """
 
-    def __init__(self, root: str = "shards", holdout_fraction: float = 0.2, cache_dir: str | None = None):
+    def __init__(
+        self,
+        root: str = "shards",
+        holdout_fraction: float = 0.2,
+        cache_dir: str | None = None,
+        bad_images: str = "error",
+    ):
         check_fraction(holdout_fraction, "holdout_fraction")
+        if bad_images not in BAD_IMAGE_POLICIES:
+            raise ValueError(f"bad_images must be one of {BAD_IMAGE_POLICIES}, got {bad_images!r}.")
+        self.bad_images = bad_images
         self.root = root
         self.holdout_fraction = holdout_fraction
         self.cache_dir = cache_dir
@@ -473,7 +573,14 @@ class ShardsSource(DataSource):
 
         def make(name: str, transform: Callable) -> ShardImages:
             return ShardImages(
-                _join(self.root, name), labels(name), classes, transform, self.cache_dir, index.get("masks")
+                _join(self.root, name),
+                labels(name),
+                classes,
+                transform,
+                self.cache_dir,
+                index.get("masks"),
+                self.bad_images,
+                index["source"],
             )
 
         train_labels = labels("train")

@@ -1,6 +1,7 @@
 """Sharded data (ijepa prepare, ShardsSource): shards give the image folder's images, labels,
 order and runs, bit for bit, and refuse bad input with a message naming it."""
 
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -183,3 +184,83 @@ def test_chunk_bytes_takes_a_count_or_a_unit_and_refuses_the_rest_in_one_line(ca
         main(["prepare", str(tmp_path), str(tmp_path / "out"), "--chunk-bytes", "4 parsecs"])
     assert stop.value.code == 2 and "'4 parsecs' is not a size > 0" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def write_bad_files(folder) -> dict:
+    """A corrupt, an empty, a text and a dangling file among ``folder``'s images, by kind."""
+    bad = {
+        "corrupt": folder / "circle" / "corrupt.png",
+        "empty": folder / "circle" / "empty.jpg",
+        "text": folder / "ring" / "notes.jpg",
+        "dangling": folder / "ring" / "gone.jpg",
+    }
+    good = sorted((folder / "circle").glob("*.jpg"))[0].read_bytes()
+    bad["corrupt"].write_bytes(b"\x89PNG\r\n\x1a\n" + good[:200])
+    bad["empty"].write_bytes(b"")
+    bad["text"].write_text("not an image")
+    bad["dangling"].symlink_to(folder / "nowhere.jpg")
+    return bad
+
+
+def test_prepare_refuses_files_that_do_not_decode_naming_them_and_writes_nothing(capsys, tmp_path):
+    folder = write_folder(tmp_path / "src", 4)
+    bad = write_bad_files(folder)
+    line = error_line(capsys, str(folder), str(tmp_path / "out"))
+    assert line.startswith("error: 4 files of SRC cannot be decoded as images: ") and "nothing was written" in line
+    for path in bad.values():
+        assert str(path) in line
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "empty_dest").mkdir()  # an empty DEST given: still empty
+    error_line(capsys, str(folder), str(tmp_path / "empty_dest"))
+    assert list((tmp_path / "empty_dest").iterdir()) == []
+
+
+def test_prepare_skips_and_lists_files_that_do_not_decode_with_bad_images_skip(capsys, tmp_path):
+    import json
+
+    folder = write_folder(tmp_path / "src", 10)
+    bad = write_bad_files(folder)
+    index = prepare(folder, tmp_path / "out", "--bad-images", "skip")
+    written = json.loads((index / INDEX_FILE).read_text())
+    assert sorted(written["skipped"]) == sorted(map(str, bad.values())) and written["splits"]["train"]["size"] == 20
+    assert "skipping 4 unreadable files" in capsys.readouterr().err
+    data = datamodule(ShardsSource(str(index)), batch_size=4)
+    data.setup("fit")
+    splits = data._splits
+    assert len(splits["pretrain"]) + len(splits["val"]) == 20  # every kept image, none lost
+    assert all(splits["pretrain"][i][0] is not None for i in range(len(splits["pretrain"])))  # each decodes
+
+
+def test_a_failed_write_leaves_dest_as_it_was(capsys, tmp_path, monkeypatch):
+    import litdata
+
+    folder = write_folder(tmp_path / "src", 4)
+
+    def fails(output_dir, **kwargs):
+        Path(output_dir).mkdir(parents=True)
+        (Path(output_dir) / "chunk-0-0.bin").write_bytes(b"half")
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr(litdata, "optimize", fails)
+    error_line(capsys, str(folder), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()  # so that a rerun does not find it "not empty"
+
+
+@pytest.mark.parametrize("policy", ["error", "skip"])
+def test_old_shards_holding_an_undecodable_item_name_it_or_skip_it(tmp_path, monkeypatch, policy):
+    import ijepa.data.shards as shards
+
+    folder = write_folder(tmp_path / "src", 4)
+    (sorted((folder / "ring").glob("*.jpg"))[0]).write_bytes(b"not a jpeg")  # ring's first: item 4
+    monkeypatch.setattr(shards, "bad_images", lambda paths, workers: {})  # as prepare wrote before it checked
+    written = prepare(folder, tmp_path / "out")
+    dataset = ShardImages(str(written / "train"), [0] * 8, ["circle", "ring"], bad_images=policy, source="SRC")
+    if policy == "error":
+        with pytest.raises(
+            ValueError, match=r"train item 4 \(of SRC\) cannot be decoded .*data.source.bad_images=skip"
+        ):
+            dataset[4]
+        return
+    with pytest.warns(UserWarning, match=r"skipping .*train item 4 \(of SRC\) cannot be decoded"):
+        image, _ = dataset[4]
+    assert np.array_equal(np.asarray(image), np.asarray(dataset[5][0]))  # the next item instead
