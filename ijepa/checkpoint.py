@@ -47,6 +47,23 @@ def temporary_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be written into ``folder``, or None. Nothing is created: a probe file is
+    written into (and removed from) the folder or, if it does not exist yet, the nearest folder
+    above it that does, so a read-only mount, missing permissions and a file in the way all show."""
+    folder = Path(folder).absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == Path(p.anchor))
+    if not existing.is_dir():
+        return f"NotADirectoryError: {existing} is a file, not a folder"
+    probe = existing / f".ijepa-write-test-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
 def stale_temporaries(folder: Path) -> list[Path]:
     """Partial checkpoints in ``folder`` left by an interrupted save: temporaries whose writer is
     no longer running on this machine."""

@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
 from ijepa.callbacks.features import FeatureWriter
 from ijepa.callbacks.final_checkpoint import FinalCheckpoint
+from ijepa.checkpoint import unwritable
 from ijepa.data import shards
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.evaluation import runner as evaluation
@@ -69,6 +70,13 @@ class IJEPACLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
+        root = self.config[subcommand].trainer.get("default_root_dir") if subcommand else None
+        local = root is None or "://" not in str(root)  # remote logs: the filesystem library reports
+        if subcommand == "fit" and local and (problem := unwritable(Path(root or os.getcwd()))):
+            raise OptionError(
+                f"trainer.default_root_dir: cannot write the run's logs and checkpoints to {root or os.getcwd()} "
+                f"({problem}); point it at a writable folder."
+            )
         if subcommand == "fit" and self.config.fit.trainer.get("max_steps") == 0:
             raise OptionError(
                 "trainer.max_steps: 0 trains no step (fit would end at once, saving nothing); set it >= 1, or -1 to "

@@ -81,3 +81,40 @@ def a_project_error() -> ValueError:
     except ValueError as error:
         return error
     raise AssertionError("check_range accepted -1 for x >= 0")
+
+
+def test_an_unwritable_default_root_dir_is_refused_before_the_run_in_one_line(capsys, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("in the way")  # a file where the folder would go: unwritable for any user, root too
+    err = one_line(capsys, main, ["fit", "--config", CONFIG, f"--trainer.default_root_dir={blocker / 'run'}"])
+    assert err == (
+        f"error: trainer.default_root_dir: cannot write the run's logs and checkpoints to {blocker / 'run'} "
+        f"(NotADirectoryError: {blocker} is a file, not a folder); point it at a writable folder."
+    )
+
+
+@pytest.mark.parametrize("option", ["output_dir", "cache_dir"])
+def test_an_unwritable_eval_folder_is_refused_before_any_extraction(capsys, tmp_path, option, monkeypatch):
+    checkpoint = save_lightning_checkpoint(IJEPA(**TINY_MODEL), tmp_path / "tiny.ckpt")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("in the way")
+    extracted = []
+    monkeypatch.setattr("ijepa.evaluation.cache.FeatureCache.get", lambda *a, **k: extracted.append(a))
+    args = ["--checkpoint", str(checkpoint), "--accelerator", "cpu", f"--{option}", str(blocker / "out")]
+    args += ["--protocols", '[{"class_path": "ijepa.evaluation.KNNProtocol"}]']
+    if option == "cache_dir":
+        args += ["--output_dir", str(tmp_path / "out")]
+    err = one_line(capsys, evaluate, args)
+    assert err == (
+        f"error: {option}: cannot write to {blocker / 'out'} (NotADirectoryError: {blocker} is a file, not a folder); "
+        f"point --{option} at a writable folder."
+    )
+    assert extracted == []
+    if option == "cache_dir":  # no cache: nothing to write there
+        evaluate_args = [*args, "--cache", "false", "--data.num_workers", "0"]
+        evaluate_args += [
+            "--data.source",
+            json.dumps({"class_path": "ijepa.data.ShapesSource", "init_args": {"train_size": 64}}),
+        ]
+        monkeypatch.undo()
+        assert evaluate(evaluate_args)[0]["protocol"] == "knn"

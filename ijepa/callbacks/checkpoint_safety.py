@@ -14,7 +14,13 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from ijepa.checkpoint import AtomicCheckpointIO, estimated_checkpoint_bytes, format_bytes, stale_temporaries
+from ijepa.checkpoint import (
+    AtomicCheckpointIO,
+    estimated_checkpoint_bytes,
+    format_bytes,
+    stale_temporaries,
+    unwritable,
+)
 
 
 class CheckpointFolderCheck(Callback):
@@ -51,17 +57,17 @@ class CheckpointFolderCheck(Callback):
 
 
 def _unwritable(folder: Path) -> str | None:
-    probe = folder / ".ijepa-write-test"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        return (
-            f"cannot write checkpoints to {folder} ({type(error).__name__}: {error}); point "
-            f"trainer.default_root_dir (or the ModelCheckpoint's dirpath) at a writable folder."
-        )
-    return None
+        folder.mkdir(parents=True, exist_ok=True)  # the free-space check reads its disk
+    except OSError:
+        pass  # unwritable() says why
+    problem = unwritable(folder)
+    if problem is None:
+        return None
+    return (
+        f"cannot write checkpoints to {folder} ({problem}); point trainer.default_root_dir (or the ModelCheckpoint's "
+        "dirpath) at a writable folder."
+    )
 
 
 def _too_little_space(trainer: L.Trainer, pl_module: L.LightningModule, callbacks: list[ModelCheckpoint]) -> str | None:

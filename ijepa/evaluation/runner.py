@@ -24,6 +24,7 @@ from pathlib import Path
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import TensorBoardLogger
 
+from ijepa.checkpoint import unwritable
 from ijepa.evaluation.cache import FeatureCache
 from ijepa.evaluation.context import EvalContext
 from ijepa.evaluation.data import EvalData
@@ -90,6 +91,13 @@ class Evaluation:
         self.pixel_tubelet_size = pixel_tubelet_size
         self.output_dir = Path(output_dir) if output_dir else default_output_dir(checkpoint)
         self.cache_dir = Path(cache_dir) if cache_dir else self.output_dir / "features"
+        # before any work: a read-only place would otherwise fail after the extraction
+        places = [("output_dir", self.output_dir)] + ([("cache_dir", self.cache_dir)] if cache else [])
+        for option, folder in places:
+            if problem := unwritable(folder):
+                raise ValueError(
+                    f"{option}: cannot write to {folder} ({problem}); point --{option} at a writable folder."
+                )
         self.fabric = Fabric(
             accelerator=accelerator,
             devices=devices,
