@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -143,11 +144,37 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     With ``keep_previous`` (default), a save that replaces ``ModelCheckpoint``'s ``last.ckpt``
     keeps the version it replaces as ``previous-last.ckpt`` (a hard link: nothing is copied, but
     that state stays on disk). The divergence guard names it: the newest checkpoint can already
-    hold a diverging state that is finite but gives NaN at its next step."""
+    hold a diverging state that is finite but gives NaN at its next step.
+
+    Loading reads tensors only (``weights_only``) whatever the path: a file the run resolved itself
+    (``--ckpt_path last``, ``best``, ``hpc``) is never unpickled, and a pickled payload is loaded
+    only from ``named_path``, the file the user named, under ``--weights_only false``. A file that
+    cannot be read is an error naming an intact earlier checkpoint of its folder.
+    """
 
     def __init__(self, keep_previous: bool = True):
         super().__init__()
         self.keep_previous = keep_previous
+        self.named_path: str | None = None  # set by the CLI: the ckpt_path the user typed, if a path
+
+    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        if "://" in str(path):
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")
+        named = self.named_path is not None and Path(self.named_path).resolve() == Path(path).resolve()
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as error:
+            if named and weights_only is False:  # the user named this file and said it is trusted
+                return torch.load(path, map_location=map_location, weights_only=False)
+            how = "name it with --ckpt_path and add --weights_only false" if not named else "add --weights_only false"
+            raise ValueError(
+                f"{path} holds pickled Python objects besides tensors ({_first_line(error)}); refusing to unpickle "
+                f"it{'' if named else ', a file the run found itself'}. If you trust it, {how}."
+            ) from None
+        except Exception as error:  # truncated, interrupted copy, not a checkpoint at all
+            raise ValueError(unreadable_checkpoint(path, error)) from None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if "://" in str(path):
@@ -156,6 +183,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} does not take storage_options, got {storage_options!r}.")
         keep = self.keep_previous and Path(path).name.startswith(ModelCheckpoint.CHECKPOINT_NAME_LAST)
         atomic_save(checkpoint, path, keep_previous=keep)
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def unreadable_checkpoint(path, error: BaseException) -> str:
+    """The message for a checkpoint that cannot be read, naming the newest intact one beside it."""
+    path = Path(path)
+    candidates = [p for p in path.parent.glob("*.ckpt") if p.resolve() != path.resolve()]
+    intact = None
+    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            torch.load(candidate, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:
+            continue
+        intact = candidate
+        break
+    advice = f"resume from {intact}, an intact earlier checkpoint" if intact else "no other checkpoint beside it reads"
+    return (
+        f"cannot read {path} ({type(error).__name__}: {_first_line(error)}): it is truncated or not a Lightning "
+        f"checkpoint; {advice}."
+    )
 
 
 SAVE_ADVICE = "point trainer.default_root_dir (or the ModelCheckpoint's dirpath) at a disk with room."

@@ -23,7 +23,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
 from ijepa.callbacks.features import FeatureWriter
 from ijepa.callbacks.final_checkpoint import FinalCheckpoint
-from ijepa.checkpoint import unwritable
+from ijepa.checkpoint import AtomicCheckpointIO, unwritable
 from ijepa.data import shards
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.evaluation import runner as evaluation
@@ -93,6 +93,11 @@ class IJEPACLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, OSError, MisconfigurationException) as error:  # Lightning's for trainer options
             raise OptionError(self._option_error_message(error)) from error
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        io = self.trainer.strategy.checkpoint_io
+        if isinstance(io, AtomicCheckpointIO) and ckpt_path not in (None, "last", "best", "hpc", "registry"):
+            io.named_path = ckpt_path  # the only file that may be unpickled, under --weights_only false
         self._seed_message.release()
 
     def _option_error_message(self, error: BaseException) -> str:
@@ -174,14 +179,18 @@ class IJEPACLI(LightningCLI):
             return
         if not Path(ckpt_path).is_file():
             raise FileNotFoundError(f"ckpt_path={ckpt_path!r} is not a file.")
+        io = AtomicCheckpointIO()
+        io.named_path = ckpt_path  # the same reading as the run's own load (ijepa.checkpoint)
         try:
-            checkpoint = torch.load(ckpt_path, weights_only=True, map_location="cpu")
-        except Exception as error:  # truncated download, interrupted copy, not a checkpoint at all
+            checkpoint = io.load_checkpoint(ckpt_path, "cpu", self.config[subcommand].get("weights_only"))
+        except ValueError as error:
+            raise ValueError(f"ckpt_path: {error}") from None
+        if "state_dict" not in checkpoint and checkpoint and all(torch.is_tensor(v) for v in checkpoint.values()):
             raise ValueError(
-                f"cannot read ckpt_path={ckpt_path!r} ({type(error).__name__}: {error}); the file is truncated or "
-                f"not a Lightning checkpoint. Checkpoints are written atomically, so an earlier one in the same folder "
-                f"is intact."
-            ) from error
+                f"ckpt_path={ckpt_path!r} is a bare state dict ({len(checkpoint)} tensors), not a Lightning checkpoint: "
+                "load its weights with IJEPA.load_state_dict in Python, or start a run from an encoder with the "
+                "ijepa.callbacks.PositionEmbeddingInterpolation callback's init_checkpoint (docs/resolution.md)."
+            )
         if subcommand == "fit" and checkpoint.get(convert.WEIGHTS_ONLY_KEY):
             # no optimizer, schedule or step: "resuming" it would silently restart warm-up
             raise ValueError(

@@ -83,7 +83,11 @@ def test_truncated_or_missing_checkpoint_is_a_clear_error(tmp_path):
                 args=["validate", "--config", config, f"--ckpt_path={path}", f"--trainer.default_root_dir={tmp_path}"],
             )
 
-    with pytest.raises(ValueError, match=f"cannot read ckpt_path='{truncated}'.*truncated"):
+    with pytest.raises(
+        ValueError,
+        match=f"^ckpt_path: cannot read {truncated} .*truncated or not a Lightning checkpoint; "
+        f"resume from {good}, an intact earlier checkpoint",
+    ):
         validate(truncated)
     with pytest.raises(FileNotFoundError, match="ckpt_path='.*missing.ckpt' is not a file"):
         validate(tmp_path / "missing.ckpt")
