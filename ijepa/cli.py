@@ -282,6 +282,33 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> IJEPACLI:
     )
 
 
+class _Parsed(Exception):
+    """Carries the parser out of :class:`_ParserOnly` before anything is built."""
+
+
+class _ParserOnly(IJEPACLI):
+    def parse_arguments(self, parser, args) -> None:
+        raise _Parsed(parser)
+
+
+def fit_arguments_error(args: list[str]) -> str | None:
+    """Why ``ijepa fit args`` would stop at parsing (an unknown key, a value of the wrong type, a
+    config file that does not exist), or None. Nothing is built: ``ijepa submit`` asks before a run
+    waits in a queue to fail in its first second."""
+    try:
+        _ParserOnly(IJEPA, IJEPADataModule, args=["fit"], auto_configure_optimizers=False)
+    except _Parsed as parsed:
+        parser = parsed.args[0]
+    parsers = [parser, *parser._subcommands_action._name_parser_map.values()]
+    for each in parsers:
+        each.exit_on_error = False
+    try:
+        parser.parse_args(["fit", *args])
+    except Exception as error:  # jsonargparse's ArgumentError, or a class's own refusal of a value
+        return str(innermost_error(error)).strip().splitlines()[0]
+    return None
+
+
 def instantiate(config: str, overrides: list[str] | None = None):
     """``(model, datamodule)`` exactly as ``ijepa fit --config config [overrides]`` builds them,
     without running anything (benchmarks, notebooks). Overrides are CLI arguments such as
@@ -308,7 +335,7 @@ def main(args: list[str] | None = None) -> None:
         evaluation.main(argv[1:])
         return
     if argv[:1] == ["submit"]:
-        launcher.main(argv[1:], fit=main)
+        launcher.main(argv[1:], fit=main, check=fit_arguments_error)
         return
     try:
         build_cli(args)

@@ -9,10 +9,13 @@ import sys
 from unittest import mock
 
 import pytest
+from conftest import TINY_CONFIG
 from helpers import fake_commands
 
 from ijepa.cli import main
 from ijepa.launch.submit import FitJob
+
+CONFIG = str(TINY_CONFIG)  # a config that exists: submit parses every run's arguments first
 
 
 def submit_error(capsys, *args) -> str:
@@ -34,7 +37,7 @@ def test_a_slurm_sweep_is_one_job_array_with_the_resources_and_usr1_before_the_t
     folder = tmp_path / "sweep"
     args = ["--nodes", "2", "--gpus-per-node", "4", "--time", "30", "--partition", "gpu", "--account", "lab"]
     with mock.patch.dict(os.environ, PATH=path):
-        main(["submit", *args, "--folder", str(folder), "--sweep-file", str(points), "--", "fit", "--config", "c.yaml"])
+        main(["submit", *args, "--folder", str(folder), "--sweep-file", str(points), "--", "fit", "--config", CONFIG])
         capsys.readouterr()
         main(["submit", "--table", str(folder)])
     script = (tmp_path / "job.sh").read_text()
@@ -54,9 +57,9 @@ def test_a_slurm_sweep_is_one_job_array_with_the_resources_and_usr1_before_the_t
     runs = json.loads((folder / "sweep.json").read_text())["runs"]
     assert [run["job_id"] for run in runs] == ["777_0", "777_1"]
     assert [run["args"] for run in runs] == [
-        ["fit", "--config", "c.yaml", "--trainer.num_nodes=2", "--trainer.devices=4", "--model.lr=0.001"]
+        ["fit", "--config", CONFIG, "--trainer.num_nodes=2", "--trainer.devices=4", "--model.lr=0.001"]
         + [f"--trainer.default_root_dir={folder / 'runs' / '000'}"],
-        ["fit", "--config", "c.yaml", "--trainer.num_nodes=2", "--trainer.devices=4", "--model.lr=0.0003"]
+        ["fit", "--config", CONFIG, "--trainer.num_nodes=2", "--trainer.devices=4", "--model.lr=0.0003"]
         + ["--data.batch_size=64", f"--trainer.default_root_dir={folder / 'runs' / '001'}"],
     ]
     with open(folder / "sweep_table.csv") as f:  # submitted, not started: no sacct here to ask
@@ -70,7 +73,7 @@ def test_a_requeued_job_resumes_from_the_newest_checkpoint_of_its_folder_and_sub
     def fit(args):
         seen.append((args, signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGUSR2)))
 
-    job = FitJob(fit, ["--config", "c.yaml", "--ckpt_path", "start.ckpt"], str(root))
+    job = FitJob(fit, ["--config", CONFIG, "--ckpt_path", "start.ckpt"], str(root))
     previous = {signum: signal.signal(signum, lambda *_: None) for signum in (signal.SIGUSR1, signal.SIGUSR2)}
     try:
         with mock.patch("sys.argv", ["_submit.py"]):
@@ -84,8 +87,8 @@ def test_a_requeued_job_resumes_from_the_newest_checkpoint_of_its_folder_and_sub
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     assert [args for args, *_ in seen] == [
-        ["fit", "--config", "c.yaml", "--ckpt_path", "start.ckpt"],
-        ["fit", "--config", "c.yaml", f"--ckpt_path={root / 'hpc_ckpt_1.ckpt'}"],
+        ["fit", "--config", CONFIG, "--ckpt_path", "start.ckpt"],
+        ["fit", "--config", CONFIG, f"--ckpt_path={root / 'hpc_ckpt_1.ckpt'}"],
     ]
     # Lightning installs its USR1 handler only where none is; submitit's on USR2 would requeue too
     assert all(usr1 == usr2 == signal.SIG_DFL for _, usr1, usr2 in seen)
@@ -93,13 +96,13 @@ def test_a_requeued_job_resumes_from_the_newest_checkpoint_of_its_folder_and_sub
 
 def test_submit_without_submitit_names_the_extra_to_install(capsys):
     with mock.patch.dict(sys.modules, submitit=None):  # import submitit raises ImportError
-        err = submit_error(capsys, "--executor", "local", "--", "fit", "--config", "c.yaml")
+        err = submit_error(capsys, "--executor", "local", "--", "fit", "--config", CONFIG)
     assert err == "error: ijepa submit needs submitit, which is not installed: pip install -e '.[cluster]'\n"
 
 
 def test_submit_to_slurm_without_a_cluster_names_the_executor_flag_and_the_local_one(tmp_path, capsys):
     with mock.patch.dict(os.environ, PATH=str(tmp_path)):  # no sbatch, no srun
-        err = submit_error(capsys, "--folder", str(tmp_path / "s"), "--", "fit", "--config", "c.yaml")
+        err = submit_error(capsys, "--folder", str(tmp_path / "s"), "--", "fit", "--config", CONFIG)
     assert err.startswith("error: --executor slurm: no SLURM cluster is reachable from this machine")
     assert "--executor local" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "s").exists()
@@ -117,18 +120,18 @@ def test_submit_to_slurm_without_a_cluster_names_the_executor_flag_and_the_local
     ],
 )
 def test_a_bad_sweep_or_resource_is_one_line_naming_the_flag(args, message, capsys):
-    err = submit_error(capsys, "--executor", "local", *args, "--", "fit", "--config", "c.yaml")
+    err = submit_error(capsys, "--executor", "local", *args, "--", "fit", "--config", CONFIG)
     assert err.startswith(message) and len(err.splitlines()) == 1, err
 
 
 def test_a_sweep_file_of_neither_shape_is_an_error_naming_it_and_both_shapes(tmp_path, capsys):
     sweep = tmp_path / "sweep.json"
     sweep.write_text('{"model.lr": 0.001}')
-    err = submit_error(capsys, "--executor", "local", "--sweep-file", str(sweep), "--", "fit", "--config", "c.yaml")
+    err = submit_error(capsys, "--executor", "local", "--sweep-file", str(sweep), "--", "fit", "--config", CONFIG)
     assert err.startswith(f"error: --sweep-file {sweep}: must be a mapping of KEY: [values] (a grid) or a list")
 
 
-@pytest.mark.parametrize("command", [[], ["--"], ["--", "validate", "--config", "c.yaml"]])
+@pytest.mark.parametrize("command", [[], ["--"], ["--", "validate", "--config", CONFIG]])
 def test_submit_without_a_fit_command_says_how_to_give_one(command, capsys):
     err = submit_error(capsys, "--executor", "local", *command)
     assert err.startswith("error: ijepa submit: ") and "fit" in err and len(err.splitlines()) == 1, err
@@ -148,14 +151,45 @@ def test_the_table_tells_failed_running_and_pending_runs_from_the_files_they_lef
         result = tmp_path / "logs" / f"{index}_result.pkl"
         result.parent.mkdir(exist_ok=True)
         if outcome:
-            result.write_bytes(pickle.dumps((outcome, "Traceback ...")))
+            result.write_bytes(pickle.dumps((outcome, "Traceback ...\nRuntimeError: ijepa fit exited with status 2\n")))
         runs.append({"run": str(index), "job_id": str(index), "overrides": {"model.lr": index}, "root": str(root)})
-        runs[-1]["result"] = str(result)
+        runs[-1] |= {"result": str(result), "stdout": str(tmp_path / "logs" / f"{index}_0_log.out")}
+    # the failed job's stderr: the ijepa command's own line, among others
+    (tmp_path / "logs" / "0_0_log.err").write_text("Seed set to 0\nerror: model: start_lr must be <= lr | see\nbye\n")
     # run 1 has started: a CSVLogger's metrics, the newest row of each val/* metric is the final one
     (tmp_path / "runs" / "1" / "csv").mkdir(parents=True)
     (tmp_path / "runs" / "1" / "csv" / "metrics.csv").write_text("step,val/knn_top1\n2,0.25\n4,0.5\n")
     (tmp_path / "sweep.json").write_text(json.dumps({"executor": "local", "runs": runs}))
     main(["submit", "--table", str(tmp_path)])
     with open(tmp_path / "sweep_table.csv") as f:
-        table = [(row["state"], row["val/knn_top1"]) for row in csv.DictReader(f)]
-    assert table == [("failed", ""), ("running", "0.5000"), ("pending", "")], capsys.readouterr().out
+        table = [(row["state"], row["val/knn_top1"], row["error"]) for row in csv.DictReader(f)]
+    assert table == [
+        ("failed", "", "model: start_lr must be <= lr / see"),
+        ("running", "0.5000", ""),
+        ("pending", "", ""),
+    ], capsys.readouterr().out
+    (tmp_path / "logs" / "0_0_log.err").unlink()  # no stderr: the traceback's last line
+    main(["submit", "--table", str(tmp_path)])
+    assert "| RuntimeError: ijepa fit exited with status 2 |" in (tmp_path / "sweep_table.md").read_text()
+
+
+def test_a_key_ijepa_fit_does_not_accept_is_refused_before_anything_is_submitted(tmp_path, capsys):
+    folder = tmp_path / "sweep"
+    err = submit_error(
+        capsys,
+        "--executor",
+        "local",
+        "--folder",
+        str(folder),
+        "--grid",
+        "model.lr=1e-3",
+        "model.lrr=2,3",
+        "--",
+        "fit",
+        "--config",
+        CONFIG,
+    )
+    assert err.startswith("error: run 000 (--model.lr=1e-3 --model.lrr=2): ijepa fit would refuse it: ")
+    assert "model.lrr" in err and err.endswith("; nothing was submitted.\n") and not folder.exists()
+    err = submit_error(capsys, "--executor", "local", "--folder", str(folder), "--", "fit", "--config", "nope.yaml")
+    assert err.startswith("error: the run: ijepa fit would refuse it: ") and "nope.yaml" in err

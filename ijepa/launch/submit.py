@@ -181,10 +181,20 @@ def slurm_args(options: argparse.Namespace, args: list[str]) -> list[str]:
     return extra
 
 
-def submit(options: argparse.Namespace, command: list[str], fit: Callable[[list[str]], None]) -> Path:
+def submit(
+    options: argparse.Namespace,
+    command: list[str],
+    fit: Callable[[list[str]], None],
+    check: Callable[[list[str]], str | None] | None = None,
+) -> Path:
     check_ranges(options)
     args = fit_command(command)
     runs = points(options)
+    for index, point in enumerate(runs if check else ()):  # all of them, before any job is queued
+        problem = check([*args, *override_args(point)])
+        if problem:
+            which = f"run {index:03d} ({' '.join(override_args(point))})" if point else "the run"
+            raise SubmitError(f"{which}: ijepa fit would refuse it: {problem}; nothing was submitted.")
     folder = Path(options.folder or Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")).absolute()
     if (folder / table.MANIFEST).exists():
         raise SubmitError(f"--folder {folder} already holds a sweep ({table.MANIFEST}); choose another folder.")
@@ -211,17 +221,27 @@ def submit(options: argparse.Namespace, command: list[str], fit: Callable[[list[
     return folder
 
 
-def main(argv: list[str], fit: Callable[[list[str]], None]) -> None:
-    """``ijepa submit ...``; ``fit`` is the ``ijepa`` command's ``main``, which runs each job."""
+def main(
+    argv: list[str], fit: Callable[[list[str]], None], check: Callable[[list[str]], str | None] | None = None
+) -> None:
+    """``ijepa submit ...``; ``fit`` is the ``ijepa`` command's ``main``, which runs each job, and
+    ``check`` says why ``ijepa fit`` would refuse a run's arguments (None: it would not). With
+    ``--executor local`` the command exits with status 1 when a run failed."""
     split = argv.index("--") if "--" in argv else len(argv)
     options = build_parser().parse_args(argv[:split])
     try:
         if options.table:
             print(table.write_table(Path(options.table)))
             return
-        folder = submit(options, argv[split + 1 :], fit)
+        folder = submit(options, argv[split + 1 :], fit, check)
         if options.executor == "local":
             print(table.write_table(folder))
+            failed = [row["run"] for row in table.rows(folder) if row["state"] == "failed"]
+            if failed:
+                sys.stderr.write(
+                    f"error: {len(failed)} run(s) failed: {', '.join(failed)} (their error in the table)\n"
+                )
+                sys.exit(1)
         else:
             print(f"table: ijepa submit --table {folder}")
     except (SubmitError, SweepError, table.TableError) as error:

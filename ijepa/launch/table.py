@@ -25,6 +25,25 @@ class TableError(ValueError):
     """A folder that holds no sweep; the message names it."""
 
 
+def last_error(run: dict) -> str:
+    """The line that says why a failed run failed: the last ``error: ...`` line the ``ijepa``
+    command wrote to the job's stderr, else the last line of the traceback submitit kept."""
+    stderr = Path(run.get("stdout", "")).with_suffix(".err") if run.get("stdout") else None
+    if stderr is not None and stderr.is_file():
+        lines = [line.strip() for line in stderr.read_text(errors="replace").splitlines() if line.strip()]
+        own = [line for line in lines if line.startswith("error: ")]
+        if own:
+            return own[-1].removeprefix("error: ")
+    result = Path(run["result"])
+    if result.is_file():
+        with open(result, "rb") as f:
+            _, trace = pickle.load(f)
+        lines = [line.strip() for line in str(trace).splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return "-"
+
+
 def run_state(run: dict, executor: str) -> str:
     result = Path(run["result"])
     if result.is_file():
@@ -80,6 +99,8 @@ def rows(folder: Path) -> list[dict[str, str]]:
         overrides = " ".join(f"{key}={value}" for key, value in run["overrides"].items())
         row = {"run": run["run"], "job": run["job_id"], "overrides": overrides or "-"}
         row["state"] = run_state(run, manifest["executor"])
+        if row["state"] == "failed":
+            row["error"] = last_error(run).replace("|", "/")  # a markdown cell
         found.append(row | {tag: f"{value:.4f}" for tag, value in metrics.items()})
     return found
 

@@ -53,20 +53,25 @@ def test_a_local_two_point_sweep_runs_each_point_in_its_own_folder_and_its_table
     config = tmp_path / "probed.yaml"
     config.write_text(PROBED)
     folder = tmp_path / "sweep"
-    with mock.patch.dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"):
+    points = tmp_path / "points.yaml"  # the third parses, then its model refuses start_lr above lr
+    points.write_text("- {model.lr: 1.0e-3}\n- {model.lr: 2.0e-3}\n- {model.start_lr: 1.0}\n")
+    with mock.patch.dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"), pytest.raises(SystemExit) as exit:
         main(
-            ["submit", "--executor", "local", "--folder", str(folder), "--grid", "model.lr=1e-3,2e-3"]
+            ["submit", "--executor", "local", "--folder", str(folder), "--sweep-file", str(points)]
             + ["--", "fit", "--config", str(TINY_CONFIG), "--config", str(config)]
         )
-    capsys.readouterr()
+    assert exit.value.code == 1 and "error: 1 run(s) failed: 002" in capsys.readouterr().err
     main(["submit", "--table", str(folder)])
     printed = capsys.readouterr().out
     with open(folder / "sweep_table.csv") as f:
         table = list(csv.DictReader(f))
     assert [(row["overrides"], row["state"]) for row in table] == [
-        ("model.lr=1e-3", "completed"),
-        ("model.lr=2e-3", "completed"),
+        ("model.lr=0.001", "completed"),
+        ("model.lr=0.002", "completed"),
+        ("model.start_lr=1.0", "failed"),
     ], printed
+    assert table[2]["error"].startswith("model: start_lr must be <= lr"), printed
+    table = table[:2]
     assert all(0 <= float(row["val/knn_top1"]) <= 1 for row in table), printed
     assert printed.splitlines()[0].startswith("| run | job | overrides | state |") and "val/knn_top1" in printed
     assert (folder / "sweep_table.md").read_text().strip() == printed.strip()
