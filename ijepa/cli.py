@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from ijepa.callbacks.checkpoint_safety import CheckpointFolderCheck, PreemptionCheckpoint
 from ijepa.callbacks.features import FeatureWriter
 from ijepa.callbacks.final_checkpoint import FinalCheckpoint
+from ijepa.callbacks.rank_watchdog import RankWatchdog
 from ijepa.checkpoint import AtomicCheckpointIO, unwritable
 from ijepa.data import shards
 from ijepa.data.datamodule import IJEPADataModule
@@ -136,6 +137,8 @@ class IJEPACLI(LightningCLI):
         # a checkpoint on SIGTERM (ijepa.callbacks.checkpoint_safety).
         parser.add_lightning_class_args(CheckpointFolderCheck, "checkpoint_folder")
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
+        # A rank whose peer died stops with a message instead of hanging (ijepa.callbacks.rank_watchdog).
+        parser.add_lightning_class_args(RankWatchdog, "rank_watchdog")
         # The state fit ends in, saved wherever max_steps falls (ijepa.callbacks.final_checkpoint).
         parser.add_lightning_class_args(FinalCheckpoint, "final_checkpoint")
         # Under SLURM, Lightning's requeue (hpc checkpoint, scontrol requeue) at a step boundary (ijepa.launch.requeue).

@@ -1,4 +1,4 @@
-"""A callback the DDP test adds to a 2-process run (``--trainer.callbacks+=ddp_checks.DDPChecks``):
+"""Callbacks the DDP tests add to a 2-process run (``--trainer.callbacks+=ddp_checks.DDPChecks``):
 it compares the ranks at every step with ``all_gather`` and rank 0 writes what it saw to JSON."""
 
 import json
@@ -64,3 +64,18 @@ class DDPChecks(L.Callback):
                     }
                 )
             )
+
+
+class KillRank(L.Callback):
+    """SIGKILL this process (no Python exit, as the OOM killer or a node failure) when it is
+    ``rank`` and has finished ``step`` optimizer steps."""
+
+    def __init__(self, rank: int, step: int):
+        self.rank, self.step = rank, step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)

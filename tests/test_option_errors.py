@@ -196,6 +196,7 @@ OUT_OF_RANGE = {
     ijepa.callbacks.EMATargetUpdate: dict(momentum=1.5, final_momentum=-0.1),
     ijepa.callbacks.JEPAImages: dict(num_images=0),
     ijepa.callbacks.LossSpikeSkip: dict(warmup_steps=-1, window=1, num_std=0.0, max_in_a_row=0),
+    ijepa.callbacks.RankWatchdog: dict(poll_s=0.0),
     ijepa.callbacks.ThroughputLogger: dict(log_every_n_steps=0, window=0, peak_tflops=0.0),
     ijepa.callbacks.Probe: dict(every_n_epochs=0),
     ijepa.regularizers.SIGReg: dict(

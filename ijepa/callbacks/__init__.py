@@ -12,6 +12,7 @@ from ijepa.callbacks.knn import KNNProbe
 from ijepa.callbacks.linear import LinearProbe
 from ijepa.callbacks.position_images import PositionSimilarityImages
 from ijepa.callbacks.probe import Probe, extract_features
+from ijepa.callbacks.rank_watchdog import RankWatchdog
 from ijepa.callbacks.resolution import PositionEmbeddingInterpolation
 from ijepa.callbacks.spike import LossSpikeSkip, SpikeTracker
 from ijepa.callbacks.throughput import ThroughputLogger, peak_flops, step_flops
@@ -31,6 +32,7 @@ __all__ = [
     "PositionSimilarityImages",
     "PreemptionCheckpoint",
     "Probe",
+    "RankWatchdog",
     "SpikeTracker",
     "ThroughputLogger",
     "ema_update_",
