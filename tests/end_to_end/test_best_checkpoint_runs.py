@@ -22,7 +22,7 @@ def best_callback() -> dict:
 def test_best_ckpt_holds_the_highest_knn_step_and_resumes_and_evaluates_like_last(tmp_path):
     config = yaml.safe_load(TINY_CONFIG.read_text())
     config["trainer"]["callbacks"].insert(0, best_callback())
-    config["trainer"].update(max_steps=60, logger=True)
+    config["trainer"].update(max_steps=30, logger=True)
     config["data"]["source"]["init_args"] = {"train_size": 160, "val_size": 200}  # 5 steps an epoch
     path = tmp_path / "best.yaml"
     path.write_text(yaml.safe_dump(config))
