@@ -398,6 +398,7 @@ def test_dense_table_gives_means_over_seeds_the_per_seed_gains_and_dashes_for_wh
     )
     write_dense_run(root / "+context_s0", [(0, 0.10), (599, 0.30)], [(0, 0.10), (599, 0.40)], 90.0)
     write_dense_run(root / "+best_s0", [(0, 0.1), (599, 0.2)], [(0, 0.1), (599, 0.2)], 1.0, skipped=[(10, 0), (590, 2)])
+    write_dense_run(root / "+best_s1", [(0, 0.1)], [(0, 0.1)], skipped=[(10, 0)])  # still training: not a seed yet
     write_dense_run(root / "pixels_s0", linear=0.45)
     main(["table", "--root", str(tmp_path)])
     out = capsys.readouterr().out
@@ -413,4 +414,5 @@ def test_dense_table_gives_means_over_seeds_the_per_seed_gains_and_dashes_for_wh
     assert "| recipe | s0 +20.0, s1 +14.0 | s0 +30.0, s1 +24.0 | no | - |" in out
     assert "| +context | s0 +20.0 | s0 +30.0 | yes | - |" in out and "| pixels | s0" not in out
     assert "| +best | s0 +10.0 | s0 +10.0 | no | s0 2 |" in out  # LossSpikeSkip's last count
+    assert "| +best | 1 | 20.0 ± 0.0 | 10.0 ± 0.0 |" in out  # s1 not counted
     assert (root / "provenance.md").read_text().startswith("# ijepa.studies.dense: provenance")

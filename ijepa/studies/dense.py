@@ -289,7 +289,7 @@ def record(folder: Path) -> dict[str, float]:
     if timing.exists():
         found["wall_s"] = json.loads(timing.read_text())["wall_s"]
     versions = sorted((folder / "lightning_logs").glob("version_*"))
-    if versions and (skipped := scalars(versions[-1], "train/skipped_steps")):  # LossSpikeSkip's count
+    if found and versions and (skipped := scalars(versions[-1], "train/skipped_steps")):  # LossSpikeSkip's count
         found["skipped"] = skipped[-1][1]
     return found | eval_scores(folder)
 
