@@ -41,11 +41,19 @@ ROOT = TESTS.parent  # the repository: configs/, docs/, ijepa/
 TINY_CONFIG = TESTS / "tiny.yaml"  # a seconds-long ijepa fit config
 
 
+# pytest-xdist runs the suite in one worker process per core (`-n auto` in pyproject.toml): each
+# worker then computes on one thread, and so do the processes a test starts (they inherit the
+# variable), because OpenMP threads that find their core taken spin-wait and slow everything
+# several-fold. Run alone (`-n 0`), a test computes on two threads, as CI's machines have.
+THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+os.environ["OMP_NUM_THREADS"] = str(THREADS)
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
-    """Every test starts from the same RNG state; two threads keep CI machines comparable."""
+    """Every test starts from the same RNG state and thread count (THREADS)."""
     torch.manual_seed(0)
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     torch.set_flush_denormal(False)  # IJEPA.setup turns it on process-wide; start every test from the default
     yield
 

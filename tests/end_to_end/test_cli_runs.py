@@ -19,7 +19,7 @@ CONFIG = TINY_CONFIG
 
 
 def run_cli(*args, cwd):
-    env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")  # OMP_NUM_THREADS: conftest.THREADS
     result = subprocess.run(
         [sys.executable, "-m", "ijepa", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
