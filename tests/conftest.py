@@ -49,6 +49,12 @@ THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
 os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first (stable order otherwise), so that under xdist the minutes-long runs start
+    at once and the quick tests fill the other workers, rather than one long run trailing at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     """Every test starts from the same RNG state and thread count (THREADS)."""

@@ -1,5 +1,6 @@
-"""Callbacks the DDP tests add to a 2-process run (``--trainer.callbacks+=ddp_checks.DDPChecks``):
-it compares the ranks at every step with ``all_gather`` and rank 0 writes what it saw to JSON."""
+"""Callbacks the end-to-end tests add to an ``ijepa fit`` subprocess (``--trainer.callbacks+=ddp_checks.DDPChecks``,
+with ``tests/`` on ``PYTHONPATH``): ``DDPChecks`` compares the ranks at every step with ``all_gather`` and rank 0
+writes what it saw to JSON; ``KillRank`` and ``SignalSelf`` make a failure or a signal happen at a known step."""
 
 import json
 from pathlib import Path
@@ -79,3 +80,18 @@ class KillRank(L.Callback):
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalSelf(L.Callback):
+    """Send this process ``signum`` (as a scheduler would, from outside) once it has finished
+    ``step`` optimizer steps: a signal in the middle of a run at a known step, where a test that
+    signals on a line of the log races the run's first steps on a loaded machine."""
+
+    def __init__(self, signum: int, step: int):
+        self.signum, self.step = signum, step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            import os
+
+            os.kill(os.getpid(), self.signum)

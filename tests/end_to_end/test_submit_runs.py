@@ -1,17 +1,17 @@
 """`ijepa submit` running its fits: a local sweep, and a SLURM requeue that resumes bit-identical."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
-from conftest import TINY_CONFIG
+from conftest import TESTS, TINY_CONFIG
 from helpers import fake_commands
 
 from ijepa.cli import main
@@ -81,12 +81,12 @@ def test_a_local_two_point_sweep_runs_each_point_in_its_own_folder_and_its_table
     assert [end["global_step"] for end in ends] == [4, 4]
 
 
-def _fit(folder: Path, steps: int, env: dict) -> subprocess.Popen:
+def _fit(folder: Path, steps: int, env: dict, *args: str) -> subprocess.Popen:
     (folder.parent / "probed.yaml").write_text(PROBED)
     command = [sys.executable, "-m", "ijepa", "fit", "--config", str(TINY_CONFIG), "--config", "../probed.yaml"]
     command += [f"--trainer.default_root_dir={folder}", "--trainer.check_val_every_n_epoch=100"]
-    command += [f"--trainer.max_steps={steps}"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **env)
+    command += [f"--trainer.max_steps={steps}", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(TESTS), **env)
     log = open(folder / "fit.log", "a")
     return subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -99,22 +99,22 @@ def test_sigusr1_under_slurm_saves_and_requeues_and_the_requeued_job_resumes_bit
     slurm = dict(SLURM_TASK, PATH=path)
     (tmp_path / "run").mkdir()
     (tmp_path / "straight").mkdir()
-    run = _fit(tmp_path / "run", steps, slurm)
+    # SIGUSR1 at the end of step 5; the resumed job starts past it, so the same command signals once
+    signal_at_5 = json.dumps(
+        {"class_path": "ddp_checks.SignalSelf", "init_args": {"signum": signal.SIGUSR1, "step": 5}}
+    )
+    run = _fit(tmp_path / "run", steps, slurm, f"--trainer.callbacks+={signal_at_5}")
     straight = _fit(tmp_path / "straight", steps, {})
     log = tmp_path / "run" / "fit.log"
-    deadline = time.time() + 300
-    # the probe is the last callback's on_train_start before the one that defers Lightning's handler
-    while "k-NN probe (random init" not in log.read_text() and time.time() < deadline:
-        assert run.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.02)
-    run.send_signal(signal.SIGUSR1)
     assert run.wait(timeout=300) == 128 + signal.SIGTERM, log.read_text()[-3000:]
     assert calls.read_text() == "requeue 4242\n"
     saved = torch.load(tmp_path / "run" / "hpc_ckpt_1.ckpt", weights_only=True)
-    assert 1 <= saved["global_step"] < steps, saved["global_step"]
+    # saved in step 5's on_train_batch_end: the CLI's StepBoundaryRequeue comes after the config's callbacks
+    assert saved["global_step"] == 5, saved["global_step"]
 
     # The requeued job: the same command and environment, resumed from the hpc checkpoint.
-    assert _fit(tmp_path / "run", steps, slurm).wait(timeout=300) == 0, log.read_text()[-3000:]
+    requeued = _fit(tmp_path / "run", steps, slurm, f"--trainer.callbacks+={signal_at_5}")
+    assert requeued.wait(timeout=300) == 0, log.read_text()[-3000:]
     assert straight.wait(timeout=300) == 0
     assert f"Restoring states from the checkpoint path at {tmp_path / 'run' / 'hpc_ckpt_1.ckpt'}" in log.read_text()
     assert calls.read_text() == "requeue 4242\n"  # no second requeue
