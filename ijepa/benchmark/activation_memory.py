@@ -98,7 +98,9 @@ def one_setting(every: int, batch_size: int, steps: int, device: torch.device, n
                 file=sys.stderr,
             )
     first = step()
-    extra = peak_bytes(device) - before
+    # ru_maxrss is the kernel's high-water mark, updated at its own times: it can trail the current
+    # RSS by a few pages, so a step that raised no peak reads as a small negative, i.e. 0
+    extra = max(peak_bytes(device) - before, 0)
     seconds = [step() for _ in range(steps)]
     return {"every": every, "peak_bytes": extra, "seconds": statistics.median(seconds), "first_step": first}
 
