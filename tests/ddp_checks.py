@@ -67,31 +67,26 @@ class DDPChecks(L.Callback):
             )
 
 
-class KillRank(L.Callback):
+class SignalSelf(L.Callback):
+    """Send this process ``signum`` (as a scheduler would, from outside) once it has finished
+    ``step`` optimizer steps, on ``rank`` only if given: a signal in the middle of a run at a known
+    step, where a test that signals on a line of the log races the run's first steps on a loaded machine."""
+
+    def __init__(self, signum: int, step: int, rank: int | None = None):
+        self.signum, self.step, self.rank = signum, step, rank
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
+            import os
+
+            os.kill(os.getpid(), self.signum)
+
+
+class KillRank(SignalSelf):
     """SIGKILL this process (no Python exit, as the OOM killer or a node failure) when it is
     ``rank`` and has finished ``step`` optimizer steps."""
 
     def __init__(self, rank: int, step: int):
-        self.rank, self.step = rank, step
+        import signal
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_rank == self.rank and trainer.global_step == self.step:
-            import os
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-class SignalSelf(L.Callback):
-    """Send this process ``signum`` (as a scheduler would, from outside) once it has finished
-    ``step`` optimizer steps: a signal in the middle of a run at a known step, where a test that
-    signals on a line of the log races the run's first steps on a loaded machine."""
-
-    def __init__(self, signum: int, step: int):
-        self.signum, self.step = signum, step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            import os
-
-            os.kill(os.getpid(), self.signum)
+        super().__init__(signal.SIGKILL, step, rank)
