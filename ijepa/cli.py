@@ -1,6 +1,7 @@
 """The ``ijepa`` command: a LightningCLI over :class:`IJEPA` and :class:`IJEPADataModule`.
 
-``ijepa fit|validate|test|predict --config configs/<experiment>.yaml [--key value ...]``, and
+``ijepa fit|validate|test|predict --config configs/<experiment>.yaml [--key value ...]``,
+``ijepa distill --config configs/distill/<student>.yaml`` (a fit of :class:`ijepa.distill.DistillIJEPA`), and
 ``ijepa convert SOURCE DESTINATION ckpt|official|hf|timm`` (:mod:`ijepa.interop.convert`), and
 ``ijepa eval --config configs/eval/<protocol>.yaml --checkpoint PATH`` (:mod:`ijepa.evaluation.runner`),
 and ``ijepa submit [options] -- fit ...`` (:mod:`ijepa.launch.submit`).
@@ -27,6 +28,7 @@ from ijepa.callbacks.rank_watchdog import RankWatchdog
 from ijepa.checkpoint import AtomicCheckpointIO, unwritable
 from ijepa.data import shards
 from ijepa.data.datamodule import IJEPADataModule
+from ijepa.distill import DistillIJEPA
 from ijepa.evaluation import runner as evaluation
 from ijepa.interop import convert
 from ijepa.launch import submit as launcher
@@ -215,7 +217,7 @@ class IJEPACLI(LightningCLI):
         current = self.config[subcommand].model
         explicit = self._explicit_model_keys(subcommand)
         differs = [key for key in hparams if key in explicit and _differ(current.get(key), hparams[key])]
-        conflicts = [key for key in IJEPA.ARCHITECTURE if key in differs]
+        conflicts = [key for key in self.model_class.ARCHITECTURE if key in differs]
         if conflicts:
             listed = ", ".join(f"model.{key}={current.get(key)} (checkpoint: {hparams[key]})" for key in conflicts)
             raise ValueError(
@@ -272,10 +274,11 @@ def _differ(run_value, stored_value) -> bool:
     return run_value != stored_value
 
 
-def build_cli(args: list[str] | None = None, run: bool = True) -> IJEPACLI:
-    """The ``ijepa`` CLI: IJEPA + IJEPADataModule, checkpoints written atomically."""
+def build_cli(args: list[str] | None = None, run: bool = True, model_class: type[IJEPA] = IJEPA) -> IJEPACLI:
+    """The ``ijepa`` CLI: IJEPA (or ``model_class``, e.g. :class:`ijepa.distill.DistillIJEPA`) +
+    IJEPADataModule, checkpoints written atomically."""
     return IJEPACLI(
-        IJEPA,
+        model_class,
         IJEPADataModule,
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,  # the module owns its optimizer (refuse_optimizer_options)
@@ -328,6 +331,10 @@ def main(args: list[str] | None = None) -> None:
     SIGTERM exits with status 143 (128 + SIGTERM) after saving a checkpoint, so schedulers see a
     failure and requeue (Lightning would exit 0). ``convert`` and ``eval`` are commands of their own."""
     argv = sys.argv[1:] if args is None else list(args)
+    model_class = IJEPA
+    if argv[:1] == ["distill"]:  # `ijepa fit` of a student against a frozen teacher (ijepa.distill)
+        argv, model_class = ["fit", *argv[1:]], DistillIJEPA
+        args = argv
     if argv[:1] == ["convert"]:
         convert.main(argv[1:])
         return
@@ -341,7 +348,7 @@ def main(args: list[str] | None = None) -> None:
         launcher.main(argv[1:], fit=main, check=fit_arguments_error)
         return
     try:
-        build_cli(args)
+        build_cli(args, model_class=model_class)
     except SIGTERMException:
         sys.exit(128 + signal.SIGTERM)
     except OptionError as error:  # a value the user set: the message says which and why, no traceback

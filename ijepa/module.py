@@ -106,6 +106,10 @@ class IJEPA(L.LightningModule):
             one_pass (the context's layers run once per image and attend to the context only;
             each block's queries attend to the context and their own block; computed without an
             attention mask; less work per step, different math: ``docs/benchmarks.md``).
+        target_dim: width of the targets the predictor predicts (null: ``embed_dim``, the target
+            encoder's). Another width is a student's whose targets are a teacher's (``ijepa
+            distill``, :mod:`ijepa.distill`, sets it): such a model evaluates, exports and
+            resumes, but trains only under ``ijepa distill``.
         loss: smooth_l1 (I-JEPA) or mse, on layer-normed target features.
         target_last_blocks: targets are the average of the last n target-encoder blocks' outputs,
             each normalised by ``target_norm`` (data2vec-style; 1 is I-JEPA's last block only).
@@ -153,6 +157,9 @@ class IJEPA(L.LightningModule):
         max_tokens: refuse a grid of more tokens per image or clip (null: no bound), with its cost.
     """
 
+    # The target encoder follows the online one by EMA (a callback's work); a distilled student's does not.
+    target_by_ema = True
+
     # Arguments that fix the parameters' shapes or meaning: a resumed run cannot change them
     # (the CLI reports a conflict); every other argument may differ from the checkpoint's.
     ARCHITECTURE = (
@@ -169,6 +176,7 @@ class IJEPA(L.LightningModule):
         "predictor_pos_embed",
         "predictor_pos_options",
         "predictor_mode",
+        "target_dim",
         "tubelet_size",
     )
 
@@ -190,6 +198,7 @@ class IJEPA(L.LightningModule):
         predictor_pos_embed: str = "sincos",
         predictor_pos_options: dict | None = None,
         predictor_mode: str = "per_block",
+        target_dim: int | None = None,
         loss: str = "smooth_l1",
         target_last_blocks: int = 1,
         target_norm: str = "layer",
@@ -227,6 +236,7 @@ class IJEPA(L.LightningModule):
             ("predictor_embed_dim", predictor_embed_dim, 1),
             ("predictor_depth", predictor_depth, 1),
             ("predictor_num_heads", predictor_num_heads, 1),
+            ("target_dim", target_dim or 1, 1),
             ("lr", lr, 0),
             ("start_lr", start_lr, 0),
             ("final_lr", final_lr, 0),
@@ -295,6 +305,7 @@ class IJEPA(L.LightningModule):
             rescale_residuals=rescale_residuals,
             pos_options=predictor_pos_options,
             out_levels=len(self.target_blocks),
+            out_dim=target_dim,
         )
         for network in (self.encoder, self.predictor):  # the networks that have a backward pass
             network.transformer.checkpoint_every = activation_checkpointing
@@ -400,6 +411,12 @@ class IJEPA(L.LightningModule):
         ``[B, C, T, H, W]``, optionally with ``frame_times [B, T]``)."""
         return self.target_encoder(images, **self.token_times(frame_times))
 
+    @property
+    def target_network(self) -> nn.Module:
+        """What the training targets come from: the EMA target encoder (a distilled student's:
+        its frozen teacher, :mod:`ijepa.distill`)."""
+        return self.target_encoder
+
     def jepa_loss(self, batch: GridBatch | PackedBatch) -> torch.Tensor:
         """The training loss of one masked batch (see the class docstring for the shapes)."""
         return self.jepa_step(batch)[0]
@@ -432,7 +449,7 @@ class IJEPA(L.LightningModule):
         with_context = any(member.predicts_context(self.global_step) for member in self.objectives)
         with index_checks(self.hparams.debug_checks):
             with torch.no_grad():  # targets: the last block (or ijepa.objectives' levels), normalised
-                hp, encoder = self.hparams, self.target_encoder
+                hp, encoder = self.hparams, self.target_network
                 target_features, normed = step_targets(
                     encoder, images, self.target_blocks, hp.target_last_blocks, hp.target_norm, **times, **flexi
                 )
@@ -658,6 +675,10 @@ class IJEPA(L.LightningModule):
         fitting = self._trainer is not None and self.trainer.state.fn == "fit"
         source = f"ckpt_path={str(self.trainer.ckpt_path)!r}" if self._trainer is not None else "the checkpoint"
         refuse_to_load_non_finite(checkpoint, source)
+        if type(self) is IJEPA and "distillation" in checkpoint:  # a distilled student, without its teacher
+            state = checkpoint.get("state_dict") or {}
+            for key in [key for key in state if key.startswith("distill.")]:
+                del state[key]
         check_resumed_levels(checkpoint, self.target_blocks, self.hparams.depth)
         restore_rng_states(checkpoint.get("rng_states") if fitting else None)
         report = adapt_checkpoint(self, checkpoint, **self.position_interpolation)
@@ -668,7 +689,9 @@ class IJEPA(L.LightningModule):
         if self.trainer.ckpt_path:
             rebase_schedulers([config.scheduler for config in self.trainer.lr_scheduler_configs], self.schedules)
         # Any callback that declares it moves the target (EMATargetUpdate does) will do.
-        if not any(getattr(cb, "updates_target_encoder", False) for cb in self.trainer.callbacks):
+        if self.target_by_ema and not any(
+            getattr(cb, "updates_target_encoder", False) for cb in self.trainer.callbacks
+        ):
             rank_zero_warn(
                 "No EMATargetUpdate callback: the target encoder will stay at its initial weights. "
                 "Add `- class_path: ijepa.callbacks.EMATargetUpdate` to trainer.callbacks."

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ijepa.classifiers",),  # classifiers on frozen features: the probes' and ijepa eval's
     ("ijepa.module",),  # the LightningModule
     ("ijepa.interop",),  # other checkpoint formats, built on the module
+    ("ijepa.distill",),  # a student against a frozen teacher: the module's subclass, teachers read by interop
     ("ijepa.callbacks",),
     # the commands (fit & co, eval), and their errors that name the option
     ("ijepa.cli", "ijepa.launch", "ijepa.option_errors", "ijepa.evaluation", "ijepa.__main__"),

@@ -33,7 +33,9 @@ class Predictor(nn.Module):
     ``frame_times [B, T']``).
 
     ``out_levels = k`` widens the output projection to ``k * D`` (``k`` target levels side by side:
-    ``ijepa.objectives.MultiLevelTargets``); predictions are then ``[..., k * D]``.
+    ``ijepa.objectives.MultiLevelTargets``); predictions are then ``[..., k * D]``. ``out_dim``
+    sets the target width ``D`` when it is not the encoder's (a distilled student predicts its
+    teacher's features: :mod:`ijepa.distill`).
     ``with_context=True`` also returns the predictions at the context positions ``[B, Kc, k * D]``
     (per_block: the mean over the ``M`` blocks' sequences of the context's outputs, projected).
 
@@ -66,6 +68,7 @@ class Predictor(nn.Module):
         rescale_residuals: bool = True,
         pos_options: dict | None = None,
         out_levels: int = 1,
+        out_dim: int | None = None,
     ):
         super().__init__()
         if mode not in PREDICTOR_MODES:
@@ -86,7 +89,7 @@ class Predictor(nn.Module):
         self.transformer = Transformer(
             predictor_embed_dim, depth, num_heads, position, mlp_ratio, qkv_bias, drop_path_rate
         )
-        self.output_proj = nn.Linear(predictor_embed_dim, embed_dim * out_levels)
+        self.output_proj = nn.Linear(predictor_embed_dim, (out_dim or embed_dim) * out_levels)
         init_network(self, rescale_residuals, learned_inputs=(self.mask_token,))
 
     @property

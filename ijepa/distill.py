@@ -1,0 +1,262 @@
+"""``ijepa distill``: a student ViT trained against a frozen teacher encoder.
+
+The default objective is the JEPA step with the frozen teacher as the target encoder and no
+EMA (how V-JEPA 2.1 makes its smaller models): the student encodes the context block, its
+predictor predicts the teacher's normalised features of the target blocks. ``features`` is
+plain feature matching instead: the student sees every patch and a linear head maps each of its
+tokens to the teacher's token at the same position.
+
+The student may differ from the teacher in width, depth, heads, patch size and position
+encoding; the two must share the token grid (``image_size / patch_size`` per side). A teacher
+with another patch size runs at ``teacher_image_size`` (its positions adapted as on any load at
+another resolution) on the student's images resized to it.
+
+A student's checkpoint is an ordinary :class:`~ijepa.module.IJEPA` checkpoint whose target
+encoder is the student itself (kept equal to it after every step), with ``target_dim`` the
+teacher's width and the teacher under ``distill.*``: ``ijepa eval``, ``ijepa convert``,
+``IJEPA.load_from_checkpoint`` read the student, and ``ijepa distill --ckpt_path`` resumes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ijepa.checkpoint import load_adapted
+from ijepa.data.batch import GridBatch, PackedBatch
+from ijepa.interop.encoder import load_encoder, read_torch_file
+from ijepa.interop.huggingface import load_hf
+from ijepa.interop.ijepa_model import ijepa_from_encoder
+from ijepa.interop.official import NETWORKS
+from ijepa.module import IJEPA
+from ijepa.nn.vit import DropPath, VisionTransformer
+from ijepa.objectives import StepOutput, step_targets, target_blocks
+from ijepa.regularizers import migrate_legacy_hparams
+
+OBJECTIVES = ("jepa", "features")
+
+
+def read_teacher(
+    source: str | Path, encoder: str = "target", image_size: int | None = None
+) -> tuple[VisionTransformer, str]:
+    """The frozen encoder of a teacher and how it was read: an ``ijepa`` checkpoint (its
+    ``encoder``: ``target`` or ``online``), or a Hugging Face ``IJepaModel`` folder (an official
+    checkpoint: after ``ijepa convert SOURCE teacher.ckpt ckpt``). ``image_size`` (None: the
+    teacher's own) rebuilds it at another resolution, its weights adapted as on any load there
+    (:func:`ijepa.checkpoint.load_adapted`: learned tables interpolated, sin-cos and RoPE rebuilt)."""
+    path = Path(source)
+    if encoder not in ("target", "online"):
+        raise ValueError(f"model.teacher_encoder must be 'target' or 'online', got {encoder!r}.")
+    if path.is_dir():
+        network, kind = load_hf(path), "Hugging Face folder"
+        if image_size in (None, network.patch_embed.image_size):
+            return network.requires_grad_(False), kind
+        model = ijepa_from_encoder(network)
+        hparams, state = dict(model.hparams), model.state_dict()
+    elif path.is_file():
+        saved = read_torch_file(path, "teacher checkpoint")
+        if isinstance(saved, dict) and all(name in saved for name in NETWORKS):
+            raise ValueError(
+                f"model.teacher={str(source)!r} is an official I-JEPA checkpoint: convert it first "
+                "(ijepa convert SOURCE teacher.ckpt ckpt --num_heads 16 --predictor_num_heads 16) and give teacher.ckpt."
+            )
+        if not (isinstance(saved, dict) and "state_dict" in saved and "hyper_parameters" in saved):
+            raise ValueError(
+                f"model.teacher={str(source)!r} is not an ijepa checkpoint (state_dict, hyper_parameters) nor a "
+                "Hugging Face folder."
+            )
+        kind = "ijepa checkpoint"
+        if saved["hyper_parameters"].get("num_frames"):
+            raise ValueError(f"model.teacher={str(source)!r} is a clip encoder; ijepa distill takes image encoders.")
+        if image_size in (None, saved["hyper_parameters"].get("image_size")):
+            return load_encoder(path, encoder), kind
+        hparams = {k: v for k, v in migrate_legacy_hparams(saved["hyper_parameters"]).items() if not k.startswith("_")}
+        state = {k: v for k, v in saved["state_dict"].items() if not k.startswith("distill.")}
+    else:
+        raise FileNotFoundError(f"model.teacher={str(source)!r} does not exist.")
+    model = IJEPA(**{**hparams, "image_size": image_size})
+    load_adapted(model, {"state_dict": state, "hyper_parameters": hparams}, **model.position_interpolation)
+    network = model.target_encoder if encoder == "target" else model.encoder
+    return network.eval().requires_grad_(False), kind
+
+
+class Resized(nn.Module):
+    """A frozen encoder fed the student's images resized to its own ``image_size`` (bilinear,
+    antialiased), so that both see one picture on one token grid."""
+
+    def __init__(self, network: VisionTransformer, image_size: int):
+        super().__init__()
+        self.network, self.image_size = network, image_size
+
+    @property
+    def transformer(self) -> nn.Module:
+        return self.network.transformer
+
+    def resize(self, images: torch.Tensor) -> torch.Tensor:
+        size = (self.image_size, self.image_size)
+        return F.interpolate(images, size=size, mode="bilinear", antialias=True, align_corners=False)
+
+    def forward(self, images: torch.Tensor, **kwargs) -> torch.Tensor:
+        return self.network(self.resize(images), **kwargs)
+
+    def block_outputs(self, images: torch.Tensor, *args, **kwargs) -> list[torch.Tensor]:
+        return self.network.block_outputs(self.resize(images), *args, **kwargs)
+
+
+class DistillIJEPA(IJEPA):
+    """An :class:`~ijepa.module.IJEPA` student whose targets come from a frozen teacher.
+
+    Args:
+        teacher: the teacher: an ``ijepa`` checkpoint (``.ckpt``: a run's, or an official
+            checkpoint after ``ijepa convert ... ckpt``) or a Hugging Face ``IJepaModel`` folder.
+        teacher_encoder: which encoder of an ``ijepa`` checkpoint teaches: ``target`` (EMA) or ``online``.
+        teacher_image_size: the side the teacher sees (null: its own). The teacher's grid there
+            must be the student's (``image_size / patch_size``); the student's images are resized to it.
+        objective: ``jepa`` (the student's context predicts the teacher's target blocks, through
+            the predictor) or ``features`` (every student token, through a linear head, matches
+            the teacher's token at its position; the predictor is not trained).
+        kwargs: the student's options, as ``ijepa fit``'s ``model.*`` (``target_dim`` is the teacher's width).
+    """
+
+    target_by_ema = False
+    ARCHITECTURE = (*IJEPA.ARCHITECTURE, "objective")
+
+    def __init__(
+        self,
+        teacher: str | None = None,
+        teacher_encoder: Literal["target", "online"] = "target",
+        teacher_image_size: int | None = None,
+        objective: Literal["jepa", "features"] = "jepa",
+        **kwargs,
+    ):
+        if teacher is None:
+            raise ValueError("model.teacher is required: an ijepa checkpoint or a Hugging Face IJepaModel folder.")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"model.objective must be one of {OBJECTIVES}, got {objective!r}.")
+        network, kind = read_teacher(teacher, teacher_encoder, teacher_image_size)
+        width = network.embed_dim
+        if kwargs.get("target_dim") not in (None, width):
+            raise ValueError(
+                f"model.target_dim={kwargs['target_dim']} is not the teacher's width {width}: leave it unset "
+                "(ijepa distill sets it)."
+            )
+        kwargs["target_dim"] = width
+        super().__init__(**kwargs)
+        hp = self.hparams
+        for key in ("teacher", "teacher_encoder", "teacher_image_size", "objective", "kwargs"):
+            hp.pop(key, None)  # the checkpoint's hyperparameters stay IJEPA's: a plain model loads the student
+        if hp.num_frames or network.is_clip_encoder:
+            raise ValueError("ijepa distill takes image encoders: the student (model.num_frames) and the teacher.")
+        if tuple(network.grid) != tuple(self.encoder.grid):
+            teacher_patch = network.patch_embed.proj.kernel_size[-1]
+            raise ValueError(
+                f"model.teacher: its patch grid {'x'.join(map(str, network.grid))} (image_size "
+                f"{network.patch_embed.image_size} / patch {teacher_patch}) does not align with the student's "
+                f"{'x'.join(map(str, self.encoder.grid))} ({hp.image_size} / {hp.patch_size}): set "
+                f"model.teacher_image_size={self.encoder.grid[0] * teacher_patch} (the student's grid times the "
+                "teacher's patch), or give the student a patch size that gives the teacher's grid."
+            )
+        if objective == "features" and self.objectives:
+            raise ValueError("model.objectives (ContextLoss, MultiLevelTargets) need objective 'jepa', not 'features'.")
+        depth = len(network.transformer.blocks)
+        if not 1 <= hp.target_last_blocks <= depth:
+            raise ValueError(f"model.target_last_blocks must be in [1, {depth}] (the teacher's depth).")
+        self.target_blocks = target_blocks(self.objectives, depth)  # the teacher's blocks
+        if network.patch_embed.image_size != hp.image_size:
+            network = Resized(network, network.patch_embed.image_size)
+        for module in network.modules():  # a teacher is deterministic in any mode (train() keeps it in eval too)
+            if isinstance(module, DropPath):
+                module.p = 0.0
+        self.distill = nn.ModuleDict({"teacher": network.train(self.training)})
+        if objective == "features":
+            self.distill["head"] = nn.Linear(hp.embed_dim, width * len(self.target_blocks))
+            self.predictor.requires_grad_(False)  # no gradient reaches it: out of the optimizer
+        self.distillation = {
+            "teacher": str(teacher),
+            "teacher_kind": kind,
+            "teacher_encoder": teacher_encoder,
+            "teacher_image_size": network.image_size if isinstance(network, Resized) else hp.image_size,
+            "teacher_width": width,
+            "teacher_depth": depth,
+            "objective": objective,
+        }
+
+    @property
+    def teacher(self) -> nn.Module:
+        return self.distill["teacher"]
+
+    @property
+    def target_network(self) -> nn.Module:
+        return self.teacher
+
+    def train(self, mode: bool = True) -> DistillIJEPA:
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    def predict_targets(self, batch: GridBatch) -> StepOutput:
+        """The JEPA step with the teacher's targets (:meth:`IJEPA.predict_targets`), or with
+        ``objective: features`` every student token through the head against the teacher's:
+        ``predictions`` and ``targets`` ``[B, 1, N, D_teacher]``, ``context`` the student's ``[B, N, D]``."""
+        if batch.patch_size is not None and int(batch.patch_size) != self.hparams.patch_size:
+            raise ValueError("ijepa distill takes one patch size (data.train_patch_sizes is for ijepa fit).")
+        if self.distillation["objective"] == "jepa":
+            return super().predict_targets(batch)
+        hp = self.hparams
+        with torch.no_grad():
+            features, normed = step_targets(
+                self.teacher, batch.images, self.target_blocks, hp.target_last_blocks, hp.target_norm
+            )
+        tokens = self.encoder(batch.images)  # [B, N, D]
+        predictions = self.distill["head"](tokens)
+        return StepOutput(predictions[:, None], normed[:, None], tokens, features)
+
+    def predict_packed(self, batch: PackedBatch) -> StepOutput:
+        raise ValueError("ijepa distill takes square batches, not native-resolution (packed) ones.")
+
+    def jepa_step(self, batch: GridBatch | PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss; outside training also the student's features ``[B, N, D]`` (what the
+        monitors read: the student's, not the teacher's)."""
+        loss, teacher_features = super().jepa_step(batch)
+        if self.training:
+            return loss, teacher_features
+        with torch.no_grad():
+            return loss, self.target_encoder(batch.images)
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # No EMA: the target encoder is the student, so that every reader of it (probes, ijepa
+        # eval, convert) reads the student.
+        with torch.no_grad():
+            torch._foreach_copy_(list(self.target_encoder.parameters()), list(self.encoder.parameters()))
+
+    def on_fit_start(self) -> None:
+        moving = [type(cb).__name__ for cb in self.trainer.callbacks if getattr(cb, "updates_target_encoder", False)]
+        if moving:
+            raise ValueError(
+                f"trainer.callbacks: {', '.join(moving)} moves the target encoder, which ijepa distill keeps equal to "
+                "the student (its targets are the teacher's): remove it."
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["distillation"] = dict(self.distillation)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = checkpoint.get("distillation")
+        if saved is None:
+            raise ValueError(
+                "the checkpoint is not a distilled student's (no 'distillation' record): ijepa distill resumes only "
+                "its own checkpoints; start from another model's weights with a new run."
+            )
+        for key in ("teacher_width", "teacher_depth", "objective"):
+            if saved.get(key) != self.distillation[key]:
+                raise ValueError(
+                    f"the checkpoint was distilled with {key}={saved.get(key)!r}, this run has "
+                    f"{self.distillation[key]!r}: resume with the checkpoint's teacher and objective."
+                )
+        super().on_load_checkpoint(checkpoint)

@@ -1,0 +1,183 @@
+"""``ijepa distill``: the JEPA step with a frozen teacher as the target encoder and no EMA; the
+student is an ordinary checkpoint that resumes exactly and that every reader of checkpoints reads."""
+
+import copy
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import TINY_MODEL, save_tiny_checkpoint, tiny_datamodule, tiny_trainer
+from helpers import Recorder, Stop, random_loader
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from ijepa.callbacks import EMATargetUpdate
+from ijepa.distill import DistillIJEPA, Resized
+from ijepa.interop import load_encoder, save_hf
+from ijepa.module import IJEPA
+from ijepa.objectives import normalize_targets
+
+STUDENT = {**TINY_MODEL, "embed_dim": 16, "depth": 1, "num_heads": 2}
+
+
+@pytest.fixture
+def teacher_path(tmp_path):
+    """A teacher (width 32, 2 blocks, patch 8 at 32 px) whose online and target encoders differ."""
+    torch.manual_seed(1)
+    teacher = IJEPA(**TINY_MODEL)
+    with torch.no_grad():
+        for p in teacher.target_encoder.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return save_tiny_checkpoint(teacher, tmp_path / "teacher.ckpt")
+
+
+def one_batch(image_size=32, patch_size=8):
+    torch.manual_seed(0)
+    return next(iter(random_loader(num_images=4, image_size=image_size, patch_size=patch_size)))
+
+
+def gradients(model) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("width", [16, 32])
+def test_a_distillation_step_is_the_jepa_step_with_the_frozen_teacher_as_target_encoder(teacher_path, width):
+    student = DistillIJEPA(teacher=str(teacher_path), **{**STUDENT, "embed_dim": width})
+    # the same step by hand: a plain IJEPA holding the student's weights and a frozen copy of the teacher
+    plain = IJEPA(**{**STUDENT, "embed_dim": width, "target_dim": 32})
+    plain.load_state_dict({k: v for k, v in student.state_dict().items() if not k.startswith("distill.")})
+    plain.target_encoder = copy.deepcopy(load_encoder(teacher_path, "target"))
+    plain.target_blocks = [2]  # the targets: the teacher's last block (the plain model counts its own depth, 1)
+    batch = one_batch()
+    for model in (student, plain):
+        model.train()
+        model.jepa_loss(batch).backward()
+    assert torch.equal(student.jepa_loss(batch), plain.jepa_loss(batch))
+    theirs = gradients(plain)
+    ours = gradients(student)
+    assert ours.keys() == theirs.keys() and ours  # the teacher gets none
+    for name, grad in ours.items():
+        assert torch.equal(grad, theirs[name]), name
+
+
+def test_the_teacher_stays_frozen_and_the_target_encoder_is_the_student_after_every_step(teacher_path, tmp_path):
+    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT, warmup_steps=1)
+    teacher_before = {k: v.clone() for k, v in student.teacher.state_dict().items()}
+    student_before = {k: v.clone() for k, v in student.encoder.state_dict().items()}
+    tiny_trainer(tmp_path, max_steps=3, limit_val_batches=0).fit(student, datamodule=tiny_datamodule())
+    for key, value in student.teacher.state_dict().items():
+        assert torch.equal(value, teacher_before[key]), key
+    assert any(not torch.equal(v, student_before[k]) for k, v in student.encoder.state_dict().items())
+    for (name, a), b in zip(student.target_encoder.state_dict().items(), student.encoder.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_feature_matching_is_smooth_l1_of_every_student_token_through_the_head_against_the_teachers(teacher_path):
+    student = DistillIJEPA(teacher=str(teacher_path), objective="features", **STUDENT)
+    batch = one_batch()
+    teacher = load_encoder(teacher_path, "target")
+    expected = F.smooth_l1_loss(
+        student.distill["head"](student.encoder(batch.images)), normalize_targets(teacher(batch.images), "layer")
+    )
+    assert torch.allclose(student.jepa_loss(batch), expected, rtol=0, atol=1e-7)
+    student.jepa_loss(batch).backward()
+    assert all(p.grad is None for p in student.predictor.parameters())  # not trained: out of the optimizer
+    assert not any(p.requires_grad for p in student.predictor.parameters())
+
+
+def test_a_teacher_whose_grid_the_student_cannot_align_with_is_refused_with_the_size_that_aligns(teacher_path):
+    # the teacher: patch 8 at 32 px (4 x 4); a patch-4 student at 32 px has an 8 x 8 grid
+    with pytest.raises(ValueError, match=r"4x4 .*8x8.*model.teacher_image_size=64"):
+        DistillIJEPA(teacher=str(teacher_path), **{**STUDENT, "patch_size": 4})
+
+
+def test_a_teacher_of_another_patch_size_runs_at_teacher_image_size_on_the_resized_images(teacher_path):
+    student = DistillIJEPA(teacher=str(teacher_path), teacher_image_size=64, **{**STUDENT, "patch_size": 4})
+    assert isinstance(student.teacher, Resized) and student.teacher.network.grid == (8, 8)
+    batch = one_batch(patch_size=4)
+    resized = F.interpolate(batch.images, size=(64, 64), mode="bilinear", antialias=True, align_corners=False)
+    assert torch.equal(student.teacher(batch.images), student.teacher.network(resized))
+    assert torch.isfinite(student.jepa_loss(batch))
+
+
+def test_a_hugging_face_folder_teaches_as_its_checkpoint_does(teacher_path, tmp_path):
+    save_hf(load_encoder(teacher_path, "target"), tmp_path / "hf")
+    from_folder = DistillIJEPA(teacher=str(tmp_path / "hf"), **STUDENT)
+    from_checkpoint = DistillIJEPA(teacher=str(teacher_path), **STUDENT)
+    images = one_batch().images
+    torch.testing.assert_close(from_folder.teacher(images), from_checkpoint.teacher(images), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_teachers_are_refused_by_name(teacher_path, tmp_path):
+    with pytest.raises(ValueError, match="model.teacher is required"):
+        DistillIJEPA(**STUDENT)
+    with pytest.raises(FileNotFoundError, match="model.teacher="):
+        DistillIJEPA(teacher=str(tmp_path / "missing.ckpt"), **STUDENT)
+    official = tmp_path / "official.pth.tar"
+    torch.save({"encoder": {}, "predictor": {}, "target_encoder": {}}, official)
+    with pytest.raises(ValueError, match="official I-JEPA checkpoint: convert it first"):
+        DistillIJEPA(teacher=str(official), **STUDENT)
+    with pytest.raises(ValueError, match="model.target_dim=16 is not the teacher's width 32"):
+        DistillIJEPA(teacher=str(teacher_path), **STUDENT, target_dim=16)
+    with pytest.raises(ValueError, match="model.objective"):
+        DistillIJEPA(teacher=str(teacher_path), objective="logits", **STUDENT)
+
+
+def test_an_ema_callback_is_refused_because_the_target_encoder_is_the_student(teacher_path, tmp_path):
+    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT)
+    trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[EMATargetUpdate()])
+    with pytest.raises(ValueError, match="EMATargetUpdate moves the target encoder"):
+        trainer.fit(student, datamodule=tiny_datamodule())
+
+
+STOP_AT, MAX_STEPS = 3, 6
+
+
+def distil(tmp_path, teacher_path, recorder):
+    L.seed_everything(0)
+    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT, warmup_steps=2, drop_path_rate=0.1)
+    trainer = tiny_trainer(
+        tmp_path,
+        max_steps=MAX_STEPS,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+        callbacks=[recorder, ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)],
+    )
+    return student, tiny_datamodule(train_size=64, val_size=16, batch_size=16), trainer
+
+
+def test_a_distilled_student_resumes_exactly(tmp_path, teacher_path):
+    full = Recorder()
+    student, data, trainer = distil(tmp_path / "full", teacher_path, full)
+    trainer.fit(student, datamodule=data)
+    stopped = Recorder(stop_at=STOP_AT)
+    student, data, trainer = distil(tmp_path / "resume", teacher_path, stopped)
+    with pytest.raises(Stop):
+        trainer.fit(student, datamodule=data)
+    resumed = Recorder()
+    student, data, trainer = distil(tmp_path / "resume", teacher_path, resumed)
+    checkpoint = tmp_path / "resume" / "ckpt" / f"epoch=0-step={STOP_AT}.ckpt"
+    trainer.fit(student, datamodule=data, ckpt_path=checkpoint)
+    assert sorted(resumed.losses) == list(range(STOP_AT + 1, MAX_STEPS + 1))
+    for step in resumed.losses:
+        assert resumed.losses[step] == full.losses[step], f"different loss at step {step}"
+    final = torch.load(tmp_path / "full" / "ckpt" / f"epoch=1-step={MAX_STEPS}.ckpt", weights_only=True)
+    for name, value in student.state_dict().items():
+        assert torch.equal(value, final["state_dict"][name]), name
+
+
+def test_the_students_checkpoint_reads_as_an_ijepa_model_whose_target_encoder_is_the_student(teacher_path, tmp_path):
+    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT)
+    trainer = tiny_trainer(tmp_path, max_steps=2, limit_val_batches=0, enable_checkpointing=True)
+    trainer.fit(student, datamodule=tiny_datamodule())
+    path = tmp_path / "student.ckpt"
+    trainer.save_checkpoint(path)
+    plain = IJEPA.load_from_checkpoint(path, weights_only=True)
+    assert plain.hparams.embed_dim == 16 and plain.hparams.target_dim == 32
+    images = one_batch().images
+    expected = student.encoder.eval()(images)
+    assert torch.equal(plain.eval()(images), expected)
+    assert torch.equal(load_encoder(path, "target")(images), expected)
+    with pytest.raises(ValueError, match="objective='jepa'"):  # resuming with another objective
+        other = DistillIJEPA(teacher=str(teacher_path), objective="features", **STUDENT)
+        tiny_trainer(tmp_path, max_steps=3).fit(other, datamodule=tiny_datamodule(), ckpt_path=path)
