@@ -106,6 +106,8 @@ class IJEPA(L.LightningModule):
             one_pass (the context's layers run once per image and attend to the context only;
             each block's queries attend to the context and their own block; computed without an
             attention mask; less work per step, different math: ``docs/benchmarks.md``).
+        predictor_mlp_ratio: the predictor's MLP width as a multiple of its width (null:
+            ``mlp_ratio``; the official predictor's is 4 whatever the encoder's, e.g. ViT-g's 48/11).
         target_dim: width of the targets the predictor predicts (null: ``embed_dim``, the target
             encoder's). Another width is a student's whose targets are a teacher's (``ijepa
             distill``, :mod:`ijepa.distill`, sets it): such a model evaluates, exports and
@@ -176,6 +178,7 @@ class IJEPA(L.LightningModule):
         "predictor_pos_embed",
         "predictor_pos_options",
         "predictor_mode",
+        "predictor_mlp_ratio",
         "target_dim",
         "tubelet_size",
     )
@@ -198,6 +201,7 @@ class IJEPA(L.LightningModule):
         predictor_pos_embed: str = "sincos",
         predictor_pos_options: dict | None = None,
         predictor_mode: str = "per_block",
+        predictor_mlp_ratio: float | None = None,
         target_dim: int | None = None,
         loss: str = "smooth_l1",
         target_last_blocks: int = 1,
@@ -248,6 +252,7 @@ class IJEPA(L.LightningModule):
         ):
             check_range(value, name, low)
         check_range(mlp_ratio, "mlp_ratio", 0, low_open=True)
+        check_range(predictor_mlp_ratio or mlp_ratio, "predictor_mlp_ratio", 0, low_open=True)
         check_range(drop_path_rate, "drop_path_rate", 0, 1, high_open=True)
         check_range(time_unit, "time_unit", 0, low_open=True)
         for index, beta in enumerate(betas):
@@ -298,7 +303,7 @@ class IJEPA(L.LightningModule):
             predictor_embed_dim,
             predictor_depth,
             predictor_num_heads,
-            mlp_ratio,
+            predictor_mlp_ratio or mlp_ratio,
             drop_path_rate=drop_path_rate,
             pos_embed=predictor_pos_embed,
             mode=predictor_mode,

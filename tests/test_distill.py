@@ -181,3 +181,16 @@ def test_the_students_checkpoint_reads_as_an_ijepa_model_whose_target_encoder_is
     with pytest.raises(ValueError, match="objective='jepa'"):  # resuming with another objective
         other = DistillIJEPA(teacher=str(teacher_path), objective="features", **STUDENT)
         tiny_trainer(tmp_path, max_steps=3).fit(other, datamodule=tiny_datamodule(), ckpt_path=path)
+
+
+def test_an_exported_students_model_card_names_its_teacher(teacher_path, tmp_path):
+    from ijepa.interop.convert import convert
+
+    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT)
+    trainer = tiny_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(student, datamodule=tiny_datamodule())
+    trainer.save_checkpoint(tmp_path / "student.ckpt")
+    convert(str(tmp_path / "student.ckpt"), str(tmp_path / "hf"), "hf", dtype="bf16")
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert f"| distilled from | `{teacher_path}` (ijepa checkpoint, its target encoder: width 32, depth 2)" in card
+    assert "| width | 16 |" in card

@@ -57,6 +57,7 @@ COMMON = dict(
     final_weight_decay=0.4,
     global_batch=2048,
     seed=0,  # src/train.py _GLOBAL_SEED
+    pred_mlp_ratio=4.0,  # src/models/vision_transformer.py VisionTransformerPredictor(mlp_ratio=4.0)
 )
 VIT_HUGE = dict(embed_dim=1280, depth=32, num_heads=16, mlp_ratio=4.0)
 VIT_GIANT = dict(embed_dim=1408, depth=40, num_heads=16, mlp_ratio=48 / 11)
@@ -218,6 +219,7 @@ def test_official_presets_resolve_to_the_official_values_field_by_field(parser, 
     assert model.predictor_embed_dim == official["pred_emb_dim"]
     assert model.predictor_depth == official["pred_depth"]
     assert model.predictor_num_heads == official["num_heads"]
+    assert model.predictor_mlp_ratio == official["pred_mlp_ratio"]  # vit_predictor's default, never passed
     # fixed 2-D sin-cos positions, the official init (every Linear redrawn after the rescale), I-JEPA's loss
     assert (model.pos_embed, model.predictor_pos_embed) == ("sincos", "sincos")
     assert model.rescale_residuals is False

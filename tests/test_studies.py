@@ -416,3 +416,31 @@ def test_dense_table_gives_means_over_seeds_the_per_seed_gains_and_dashes_for_wh
     assert "| +best | s0 +10.0 | s0 +10.0 | no | s0 2 |" in out  # LossSpikeSkip's last count
     assert "| +best | 1 | 20.0 ± 0.0 | 10.0 ± 0.0 |" in out  # s1 not counted
     assert (root / "provenance.md").read_text().startswith("# ijepa.studies.dense: provenance")
+
+
+def test_export_study_measures_fp32_and_bf16_hf_exports_of_a_checkpoint(tmp_path, capsys):
+    import json
+
+    from helpers import trained_like
+
+    from ijepa.interop import save_lightning_checkpoint
+    from ijepa.studies.export import main as export_study
+
+    checkpoint = save_lightning_checkpoint(trained_like(), tmp_path / "tiny.ckpt")
+    rows = export_study([str(checkpoint), "--loads", "2", "--batch-size", "2", "--output", str(tmp_path / "rows.json")])
+    assert [(r["dtype"], r["loader"]) for r in rows] == [
+        ("fp32", "load_hf"),
+        ("fp32", "transformers"),
+        ("bf16", "load_hf"),
+        ("bf16", "transformers"),
+    ]
+    fp32, bf16 = rows[0], rows[2]
+    assert bf16["bytes"] < 0.55 * fp32["bytes"] and rows[1]["bytes"] == fp32["bytes"]
+    # bf16 weights, float32 compute: within (1 + 4 * depth) * 2**-8 of the features' scale (tests/test_export_card.py)
+    assert fp32["max_abs_difference"] < 1e-5 and 0 < bf16["relative_difference"] < 9 * 2**-8
+    assert rows[3]["computes_in"] == "bfloat16" and rows[2]["computes_in"] == "float32"
+    assert all(r["load_seconds"] > 0 for r in rows)
+    assert json.loads((tmp_path / "rows.json").read_text()) == rows
+    out = capsys.readouterr().out
+    assert "| format | dtype | file bytes | MiB | loader (computes in) | load, median of 2 |" in out
+    assert f"| hf | bf16 | {bf16['bytes']:,} | " in out and out.count("\n| hf |") == 4

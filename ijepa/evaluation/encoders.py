@@ -12,14 +12,13 @@ count, adapted as ``ijepa validate`` adapts it (:func:`adapt_ijepa`, :func:`rebu
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ijepa.checkpoint import load_adapted, non_finite_tensors
-from ijepa.interop.encoder import load_encoder
+from ijepa.interop.encoder import file_digest, load_encoder
 from ijepa.interop.huggingface import load_hf
 from ijepa.module import IJEPA
 from ijepa.nn.checks import check_range
@@ -165,19 +164,6 @@ class PixelEncoder(FrozenEncoder):
         if last_blocks != 1:
             raise ValueError(f"last_blocks must be 1 for raw pixels (one 'block'), got {last_blocks}.")
         return self.tokens(images, frame_times).unsqueeze(1)
-
-
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file, or of a folder's files (names and contents, in sorted order)."""
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        if path.is_dir():
-            digest.update(str(file.relative_to(path)).encode())
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 def open_encoder(

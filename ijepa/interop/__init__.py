@@ -17,6 +17,7 @@ import importlib
 _MODULES = {
     "ijepa_from_encoder": "ijepa_model",
     "load_official": "ijepa_model",
+    "model_card": "card",
     "save_lightning_checkpoint": "ijepa_model",
     "image_encoder": "encoder",
     "load_encoder": "encoder",

@@ -14,6 +14,7 @@ from typing import Literal
 from jsonargparse import auto_cli
 
 from ijepa.checkpoint import atomic_save
+from ijepa.interop.card import model_card, write_card
 from ijepa.interop.encoder import first_line, image_encoder, read_torch_file
 from ijepa.interop.huggingface import load_hf, save_hf
 from ijepa.interop.ijepa_model import WEIGHTS_ONLY_KEY, ijepa_from_encoder, load_official, save_lightning_checkpoint
@@ -23,6 +24,7 @@ from ijepa.module import IJEPA
 from ijepa.nn.vit import VisionTransformer
 
 Format = Literal["ckpt", "official", "hf", "timm"]
+Dtype = Literal["fp32", "bf16"]
 FOLDER_FORMATS = ("hf", "timm")
 __all__ = ["WEIGHTS_ONLY_KEY", "check_destination", "convert", "main", "source_format"]
 
@@ -80,6 +82,7 @@ def convert(
     drop: list[str] | None = None,
     model: dict | None = None,
     module_prefix: bool = True,
+    dtype: Dtype = "fp32",
     overwrite: bool = False,
 ) -> str:
     """Convert a checkpoint between formats; the source format is recognised from the file.
@@ -100,9 +103,18 @@ def convert(
         model: further IJEPA options for a model built here (``{predictor_depth: 6}``).
         module_prefix: ``official`` keys behind DDP's ``module.`` (the published checkpoints and
             multi-process official runs); ``false`` for an official run on one process.
+        dtype: the dtype ``hf`` and ``timm`` store the encoder's weights in: ``fp32`` or ``bf16``
+            (half the file; each weight rounded to bfloat16). ``ckpt`` and ``official`` are
+            written in float32 only. ``hf`` and ``timm`` folders also get a model card,
+            ``README.md`` (:mod:`ijepa.interop.card`).
         overwrite: replace an existing destination (never the source itself).
     """
     path, out = Path(source), Path(destination)
+    if dtype != "fp32" and to not in FOLDER_FORMATS:
+        raise ValueError(
+            f"--dtype {dtype} applies to the folder formats {list(FOLDER_FORMATS)}; {to} is written in float32 "
+            "(a checkpoint to train from): leave --dtype at fp32."
+        )
     check_destination(path, out, to, overwrite)
     kind, checkpoint = source_format(path)
     options = dict(model or {})
@@ -131,11 +143,11 @@ def convert(
         save_lightning_checkpoint(loaded, out)
     elif to == "official":
         atomic_save(to_official(loaded, module_prefix), out)
-    elif to == "hf":
-        save_hf(image_encoder(loaded, encoder), out)
     else:
-        save_timm(image_encoder(loaded, encoder), out)
-    message = f"{kind} {source} -> {to} {destination}"
+        exported = image_encoder(loaded, encoder)
+        (save_hf if to == "hf" else save_timm)(exported, out, dtype=dtype)
+        write_card(out, model_card(to, destination, exported, dtype, path, kind, checkpoint, encoder))
+    message = f"{kind} {source} -> {to} {destination}" + (f" ({dtype})" if to in FOLDER_FORMATS else "")
     print(message)
     return message
 

@@ -7,6 +7,7 @@ transformers): an encoder is read straight from the checkpoint's weights and hyp
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -32,6 +33,8 @@ ENCODER_OPTIONS = (
     "pos_options",
 )
 CLIP_OPTIONS = ("num_frames", "tubelet_size")
+# The dtypes the folder exports (hf, timm) write their weights in, by their ``--dtype`` name.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def first_line(error: BaseException) -> str:
@@ -148,12 +151,52 @@ def temporary_file(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
-def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+def export_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a ``--dtype`` name of :data:`DTYPES`; any other name is a ValueError
+    listing them."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}.")
+    return DTYPES[dtype]
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, dtype: torch.dtype | None = None) -> None:
     """Write ``tensors`` to ``path`` as safetensors (``format: pt``, which transformers requires),
-    through a temporary file renamed over ``path``: a crash leaves the old file or the new one."""
+    through a temporary file renamed over ``path``: a crash leaves the old file or the new one.
+    ``dtype``: floating-point tensors are written in it (rounded to nearest); None keeps theirs."""
+    temporary = temporary_file(path)
+
+    def stored(value: torch.Tensor) -> torch.Tensor:
+        value = value.detach()
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
+        return value.contiguous().clone()
+
+    try:
+        save_file({k: stored(v) for k, v in tensors.items()}, str(temporary), {"format": "pt"})
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file, or of a folder's files (names and contents, in sorted order): how
+    ``ijepa eval`` results name the checkpoint they are of."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode())
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def save_text(text: str, path: Path) -> None:
+    """``text`` at ``path``, written through a temporary file."""
     temporary = temporary_file(path)
     try:
-        save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(temporary), {"format": "pt"})
+        temporary.write_text(text)
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
@@ -161,12 +204,7 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 def save_json(obj: dict, path: Path) -> None:
     """``obj`` as indented JSON at ``path``, written through a temporary file."""
-    temporary = temporary_file(path)
-    try:
-        temporary.write_text(json.dumps(obj, indent=2) + "\n")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    save_text(json.dumps(obj, indent=2) + "\n", path)
 
 
 def load_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -20,6 +20,7 @@ import torch
 from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ijepa.interop.encoder import (
     encoder_options,
+    export_dtype,
     image_encoder,
     load_exactly,
     load_weights,
@@ -29,6 +30,7 @@ from ijepa.interop.encoder import (
     save_safetensors,
 )
 from ijepa.interop.official import check_sincos_table
+from ijepa.nn.position.tables import sinusoidal_2d_grid
 from ijepa.nn.vit import VisionTransformer
 
 # our encoder key -> Hub (transformers 4) key; block keys by pattern, q/k/v by splitting qkv
@@ -88,7 +90,8 @@ def to_hub_layout(state: dict[str, torch.Tensor], drop: tuple[str, ...] = ()) ->
 
 
 def hf_config(encoder: VisionTransformer) -> dict:
-    """The ``config.json`` of an ``IJepaModel`` equal to ``encoder``."""
+    """The ``config.json`` of an ``IJepaModel`` equal to ``encoder`` (:func:`save_hf` adds the
+    stored weights' ``torch_dtype``)."""
     options = encoder_options(encoder)
     return {
         "architectures": ["IJepaModel"],
@@ -133,14 +136,20 @@ def encoder_to_hf(encoder: torch.nn.Module, which: str = "target") -> tuple[dict
     return hf_config(encoder), out
 
 
-def save_hf(encoder: torch.nn.Module, folder: str | Path, which: str = "target") -> Path:
+def save_hf(encoder: torch.nn.Module, folder: str | Path, which: str = "target", dtype: str = "fp32") -> Path:
     """Write ``encoder`` as an ``IJepaModel`` folder: ``config.json``, ``model.safetensors`` and
     a ``preprocessor_config.json`` (:func:`hf_preprocessor`), so that
-    ``transformers.IJepaModel.from_pretrained(folder)`` loads it with no missing or extra key."""
+    ``transformers.IJepaModel.from_pretrained(folder)`` loads it with no missing or extra key.
+    ``dtype``: the weights' dtype in the file, ``fp32`` or ``bf16`` (half the size, each weight
+    rounded to bfloat16's 8-bit mantissa); ``config.json``'s ``torch_dtype`` records it, as
+    transformers writes it (transformers 5 then loads the model in it unless given ``dtype=``;
+    4 loads float32 unless given ``torch_dtype="auto"``)."""
+    torch_dtype = export_dtype(dtype)
     config, state = encoder_to_hf(encoder, which)
+    config["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    save_safetensors(state, folder / "model.safetensors")
+    save_safetensors(state, folder / "model.safetensors", torch_dtype)
     save_json(config, folder / "config.json")
     save_json(hf_preprocessor(config["image_size"]), folder / "preprocessor_config.json")
     return folder
@@ -211,11 +220,25 @@ def hf_to_encoder_state(state: dict[str, torch.Tensor], depth: int) -> dict[str,
     return out
 
 
+def is_sincos_table(table: torch.Tensor) -> bool:
+    """Whether ``table [1, N, D]`` is our 2D sin-cos table: to float32 precision, or exactly that
+    table rounded to the table's own dtype when it is stored in less (a ``bf16`` export)."""
+    try:
+        check_sincos_table(table, POSITION_KEY)
+        return True
+    except ValueError:
+        if table.dtype in (torch.float32, torch.float64) or not table.is_floating_point():
+            return False
+        side = round(table.size(1) ** 0.5)
+        return bool(torch.equal(sinusoidal_2d_grid(side, side, table.size(2)).to(table.dtype), table[0]))
+
+
 def load_hf(
     source: str | Path | dict,
     config: dict | None = None,
     drop: tuple[str, ...] = (),
     pos_embed: str | None = None,
+    dtype: torch.dtype | None = torch.float32,
 ) -> VisionTransformer:
     """An ``IJepaModel`` as our encoder (eval mode, CPU), equal to it output for output.
 
@@ -223,7 +246,12 @@ def load_hf(
     ``pytorch_model.bin``) or a state dict, which then needs its ``config`` (a dict, e.g.
     ``model.config.to_dict()``). The position table becomes ``sincos`` if it is our 2D sin-cos
     table (as in the converted official checkpoints) and ``learned`` otherwise; ``pos_embed``
-    forces ``learned``. Any key it cannot map is an error that lists them."""
+    forces ``learned``. Any key it cannot map is an error that lists them.
+
+    Weights stored in another dtype (``bfloat16``: ``ijepa convert ... --dtype bf16``) are
+    widened: the encoder is float32 by default (``dtype``; None: the dtype of the stored
+    weights), its parameters hold the stored values exactly and it computes in float32; a sin-cos
+    table stored in bfloat16 is recognised (it is ours rounded) and rebuilt exactly."""
     if isinstance(source, dict):
         if config is None:
             raise ValueError("a state dict source needs its config (e.g. model.config.to_dict()).")
@@ -252,11 +280,7 @@ def load_hf(
     depth, hidden = int(config["num_hidden_layers"]), int(config["hidden_size"])
     encoder_state = hf_to_encoder_state(state, depth)
     if pos_embed is None:
-        try:
-            check_sincos_table(table, POSITION_KEY)
-            pos_embed = "sincos"
-        except ValueError:
-            pos_embed = "learned"
+        pos_embed = "sincos" if is_sincos_table(table) else "learned"
     encoder = VisionTransformer.for_images(
         image_size=_square(config["image_size"], "image_size"),
         patch_size=_square(config["patch_size"], "patch_size"),
@@ -274,5 +298,5 @@ def load_hf(
         raise ValueError(f"{POSITION_KEY} is {tuple(table.shape)}, expected {(1, encoder.num_patches, hidden)}.")
     if pos_embed == "learned":
         encoder_state["transformer.position.embedding.weight"] = table[0]
-    load_exactly(encoder, encoder_state, "IJepaModel state dict")
-    return encoder.eval()
+    load_exactly(encoder, encoder_state, "IJepaModel state dict")  # copied into float32, the values exact
+    return encoder.to(table.dtype if dtype is None else dtype).eval()

@@ -15,7 +15,14 @@ from pathlib import Path
 import torch
 
 from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from ijepa.interop.encoder import encoder_options, image_encoder, position_table, save_json, save_safetensors
+from ijepa.interop.encoder import (
+    encoder_options,
+    export_dtype,
+    image_encoder,
+    position_table,
+    save_json,
+    save_safetensors,
+)
 from ijepa.interop.official import ENCODER_NAMES, official_layout
 from ijepa.nn.vit import VisionTransformer
 
@@ -61,14 +68,16 @@ def encoder_to_timm(encoder: torch.nn.Module, which: str = "target") -> tuple[di
     return args, out
 
 
-def save_timm(encoder: torch.nn.Module, folder: str | Path, which: str = "target") -> Path:
+def save_timm(encoder: torch.nn.Module, folder: str | Path, which: str = "target", dtype: str = "fp32") -> Path:
     """Write ``encoder`` as a timm model folder (``config.json`` with the architecture, model
     arguments and preprocessing; ``model.safetensors``), which
-    ``timm.create_model("local-dir:<folder>", pretrained=True)`` loads."""
+    ``timm.create_model("local-dir:<folder>", pretrained=True)`` loads (into a float32 model
+    whatever the stored ``dtype``: ``fp32`` or ``bf16``, half the size)."""
+    torch_dtype = export_dtype(dtype)
     args, state = encoder_to_timm(encoder, which)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    save_safetensors(state, folder / "model.safetensors")
+    save_safetensors(state, folder / "model.safetensors", torch_dtype)
     size = args["img_size"]
     save_json(
         {
