@@ -50,7 +50,7 @@ def read_teacher(
     (:func:`ijepa.checkpoint.load_adapted`: learned tables interpolated, sin-cos and RoPE rebuilt)."""
     path = Path(source)
     if encoder not in ("target", "online"):
-        raise ValueError(f"model.teacher_encoder must be 'target' or 'online', got {encoder!r}.")
+        raise ValueError(f"teacher_encoder must be 'target' or 'online', got {encoder!r}.")
     if path.is_dir():
         network, kind = load_hf(path), "Hugging Face folder"
         if image_size in (None, network.patch_embed.image_size):
@@ -61,23 +61,23 @@ def read_teacher(
         saved = read_torch_file(path, "teacher checkpoint")
         if isinstance(saved, dict) and all(name in saved for name in NETWORKS):
             raise ValueError(
-                f"model.teacher={str(source)!r} is an official I-JEPA checkpoint: convert it first "
+                f"teacher={str(source)!r} is an official I-JEPA checkpoint: convert it first "
                 "(ijepa convert SOURCE teacher.ckpt ckpt --num_heads 16 --predictor_num_heads 16) and give teacher.ckpt."
             )
         if not (isinstance(saved, dict) and "state_dict" in saved and "hyper_parameters" in saved):
             raise ValueError(
-                f"model.teacher={str(source)!r} is not an ijepa checkpoint (state_dict, hyper_parameters) nor a "
+                f"teacher={str(source)!r} is not an ijepa checkpoint (state_dict, hyper_parameters) nor a "
                 "Hugging Face folder."
             )
         kind = "ijepa checkpoint"
         if saved["hyper_parameters"].get("num_frames"):
-            raise ValueError(f"model.teacher={str(source)!r} is a clip encoder; ijepa distill takes image encoders.")
+            raise ValueError(f"teacher={str(source)!r} is a clip encoder; ijepa distill takes image encoders.")
         if image_size in (None, saved["hyper_parameters"].get("image_size")):
             return load_encoder(path, encoder), kind
         hparams = {k: v for k, v in migrate_legacy_hparams(saved["hyper_parameters"]).items() if not k.startswith("_")}
         state = {k: v for k, v in saved["state_dict"].items() if not k.startswith("distill.")}
     else:
-        raise FileNotFoundError(f"model.teacher={str(source)!r} does not exist.")
+        raise FileNotFoundError(f"teacher={str(source)!r} does not exist.")
     model = IJEPA(**{**hparams, "image_size": image_size})
     load_adapted(model, {"state_dict": state, "hyper_parameters": hparams}, **model.position_interpolation)
     network = model.target_encoder if encoder == "target" else model.encoder
@@ -134,14 +134,14 @@ class DistillIJEPA(IJEPA):
         **kwargs,
     ):
         if teacher is None:
-            raise ValueError("model.teacher is required: an ijepa checkpoint or a Hugging Face IJepaModel folder.")
+            raise ValueError("teacher is required: an ijepa checkpoint or a Hugging Face IJepaModel folder.")
         if objective not in OBJECTIVES:
-            raise ValueError(f"model.objective must be one of {OBJECTIVES}, got {objective!r}.")
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}.")
         network, kind = read_teacher(teacher, teacher_encoder, teacher_image_size)
         width = network.embed_dim
         if kwargs.get("target_dim") not in (None, width):
             raise ValueError(
-                f"model.target_dim={kwargs['target_dim']} is not the teacher's width {width}: leave it unset "
+                f"target_dim={kwargs['target_dim']} is not the teacher's width {width}: leave it unset "
                 "(ijepa distill sets it)."
             )
         kwargs["target_dim"] = width
@@ -150,21 +150,21 @@ class DistillIJEPA(IJEPA):
         for key in ("teacher", "teacher_encoder", "teacher_image_size", "objective", "kwargs"):
             hp.pop(key, None)  # the checkpoint's hyperparameters stay IJEPA's: a plain model loads the student
         if hp.num_frames or network.is_clip_encoder:
-            raise ValueError("ijepa distill takes image encoders: the student (model.num_frames) and the teacher.")
+            raise ValueError("ijepa distill takes image encoders: the student (num_frames) and the teacher.")
         if tuple(network.grid) != tuple(self.encoder.grid):
             teacher_patch = network.patch_embed.proj.kernel_size[-1]
             raise ValueError(
-                f"model.teacher: its patch grid {'x'.join(map(str, network.grid))} (image_size "
+                f"teacher: its patch grid {'x'.join(map(str, network.grid))} (image_size "
                 f"{network.patch_embed.image_size} / patch {teacher_patch}) does not align with the student's "
                 f"{'x'.join(map(str, self.encoder.grid))} ({hp.image_size} / {hp.patch_size}): set "
-                f"model.teacher_image_size={self.encoder.grid[0] * teacher_patch} (the student's grid times the "
+                f"teacher_image_size={self.encoder.grid[0] * teacher_patch} (the student's grid times the "
                 "teacher's patch), or give the student a patch size that gives the teacher's grid."
             )
         if objective == "features" and self.objectives:
-            raise ValueError("model.objectives (ContextLoss, MultiLevelTargets) need objective 'jepa', not 'features'.")
+            raise ValueError("objectives (ContextLoss, MultiLevelTargets) need objective 'jepa', not 'features'.")
         depth = len(network.transformer.blocks)
         if not 1 <= hp.target_last_blocks <= depth:
-            raise ValueError(f"model.target_last_blocks must be in [1, {depth}] (the teacher's depth).")
+            raise ValueError(f"target_last_blocks must be in [1, {depth}] (the teacher's depth).")
         self.target_blocks = target_blocks(self.objectives, depth)  # the teacher's blocks
         if network.patch_embed.image_size != hp.image_size:
             network = Resized(network, network.patch_embed.image_size)

@@ -87,7 +87,7 @@ def test_feature_matching_is_smooth_l1_of_every_student_token_through_the_head_a
 
 def test_a_teacher_whose_grid_the_student_cannot_align_with_is_refused_with_the_size_that_aligns(teacher_path):
     # the teacher: patch 8 at 32 px (4 x 4); a patch-4 student at 32 px has an 8 x 8 grid
-    with pytest.raises(ValueError, match=r"4x4 .*8x8.*model.teacher_image_size=64"):
+    with pytest.raises(ValueError, match=r"4x4 .*8x8.*teacher_image_size=64"):
         DistillIJEPA(teacher=str(teacher_path), **{**STUDENT, "patch_size": 4})
 
 
@@ -109,17 +109,17 @@ def test_a_hugging_face_folder_teaches_as_its_checkpoint_does(teacher_path, tmp_
 
 
 def test_bad_teachers_are_refused_by_name(teacher_path, tmp_path):
-    with pytest.raises(ValueError, match="model.teacher is required"):
+    with pytest.raises(ValueError, match="teacher is required"):
         DistillIJEPA(**STUDENT)
-    with pytest.raises(FileNotFoundError, match="model.teacher="):
+    with pytest.raises(FileNotFoundError, match="teacher="):
         DistillIJEPA(teacher=str(tmp_path / "missing.ckpt"), **STUDENT)
     official = tmp_path / "official.pth.tar"
     torch.save({"encoder": {}, "predictor": {}, "target_encoder": {}}, official)
     with pytest.raises(ValueError, match="official I-JEPA checkpoint: convert it first"):
         DistillIJEPA(teacher=str(official), **STUDENT)
-    with pytest.raises(ValueError, match="model.target_dim=16 is not the teacher's width 32"):
+    with pytest.raises(ValueError, match="target_dim=16 is not the teacher's width 32"):
         DistillIJEPA(teacher=str(teacher_path), **STUDENT, target_dim=16)
-    with pytest.raises(ValueError, match="model.objective"):
+    with pytest.raises(ValueError, match="objective must be"):
         DistillIJEPA(teacher=str(teacher_path), objective="logits", **STUDENT)
 
 
@@ -194,3 +194,50 @@ def test_an_exported_students_model_card_names_its_teacher(teacher_path, tmp_pat
     card = (tmp_path / "hf" / "README.md").read_text()
     assert f"| distilled from | `{teacher_path}` (ijepa checkpoint, its target encoder: width 32, depth 2)" in card
     assert "| width | 16 |" in card
+
+
+def distill_config(tmp_path) -> str:
+    """tests/tiny.yaml without its EMA callback: what ijepa distill runs on."""
+    import yaml
+    from conftest import ROOT
+
+    config = yaml.safe_load((ROOT / "tests" / "tiny.yaml").read_text())
+    config["trainer"]["callbacks"] = [
+        c for c in config["trainer"]["callbacks"] if "EMATargetUpdate" not in c["class_path"]
+    ]
+    config["trainer"]["max_steps"] = 2
+    config["trainer"]["default_root_dir"] = str(tmp_path / "runs")
+    config["model"] |= {"embed_dim": 16, "depth": 1}
+    path = tmp_path / "distill.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_ijepa_distill_trains_a_student_and_resumes_it_from_the_command_line(teacher_path, tmp_path):
+    from ijepa.cli import main
+
+    config = distill_config(tmp_path)
+    main(["distill", "--config", config, f"--model.teacher={teacher_path}", "--data.source.train_size=64"])
+    last = tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)
+    assert saved["global_step"] == 2 and saved["distillation"]["teacher_width"] == 32
+    assert saved["hyper_parameters"]["embed_dim"] == 16 and "teacher" not in saved["hyper_parameters"]
+    args = ["distill", "--config", config, f"--model.teacher={teacher_path}", "--data.source.train_size=64"]
+    main([*args, f"--ckpt_path={last}", "--trainer.max_steps=3"])
+    resumed = torch.load(
+        tmp_path / "runs" / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt", weights_only=True
+    )
+    assert resumed["global_step"] == 3
+    for key, value in saved["state_dict"].items():
+        if key.startswith("distill.teacher."):  # the teacher is the same after a resume
+            assert torch.equal(resumed["state_dict"][key], value), key
+
+
+def test_ijepa_distill_names_a_bad_teacher_in_one_line(tmp_path, capsys):
+    from ijepa.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["distill", "--config", distill_config(tmp_path), f"--model.teacher={tmp_path / 'nothing.ckpt'}"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: model: teacher=") and "does not exist" in err[-1]
