@@ -10,7 +10,7 @@ from unittest import mock
 import lightning as L
 import numpy as np
 import torch
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, save_tiny_checkpoint
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -195,6 +195,17 @@ def trained_like(seed: int = 0) -> IJEPA:
         for p in model.target_encoder.parameters():
             p.add_(0.01 * torch.randn_like(p))
     return model
+
+
+def save_teacher(path: Path) -> Path:
+    """A distillation teacher (TINY_MODEL: width 32, 2 blocks, patch 8 at 32 px) whose online and
+    target encoders differ, saved as an untrained checkpoint at ``path``."""
+    torch.manual_seed(1)
+    teacher = IJEPA(**TINY_MODEL)
+    with torch.no_grad():
+        for p in teacher.target_encoder.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return save_tiny_checkpoint(teacher, path)
 
 
 def assert_same(checkpointed: dict, plain: dict, tolerance: float = 1e-6) -> None:
