@@ -444,3 +444,31 @@ def test_export_study_measures_fp32_and_bf16_hf_exports_of_a_checkpoint(tmp_path
     out = capsys.readouterr().out
     assert "| format | dtype | file bytes | MiB | loader (computes in) | load, median of 2 |" in out
     assert f"| hf | bf16 | {bf16['bytes']:,} | " in out and out.count("\n| hf |") == 4
+
+
+def test_distill_table_averages_each_rows_seeds_and_reads_ijepa_evals_results(tmp_path):
+    import json
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    from ijepa.studies.distill import table
+
+    def run(name, knn_end, linear_end, eval_knn, eval_linear, wall):
+        writer = SummaryWriter(str(tmp_path / name / "lightning_logs" / "version_0"))
+        for tag, end in (("val/knn_top1", knn_end), ("val/linear_top1", linear_end)):
+            for step, value in ((0, 0.1), (300, (0.1 + end) / 2), (600, end)):
+                writer.add_scalar(tag, value, step)
+        writer.close()
+        (tmp_path / name / "wall_time.json").write_text(json.dumps({"wall_s": wall}))
+        (tmp_path / name / "eval").mkdir()
+        for protocol, value in (("knn", eval_knn), ("linear", eval_linear)):
+            result = {"protocol": protocol, "version": 1, "test_top1": value}
+            (tmp_path / name / "eval" / f"{protocol}.json").write_text(json.dumps(result))
+
+    run("teacher_s0", 0.21, 0.30, 0.20, 0.35, 370)
+    run("distilled_s0", 0.14, 0.20, 0.16, 0.28, 200)
+    run("distilled_s1", 0.16, 0.22, 0.18, 0.30, 210)
+    rows = table(tmp_path).splitlines()
+    assert rows[2] == "| teacher | 128 | 1 | 21.0 ± 0.0 | 30.0 ± 0.0 | 20.0 ± 0.0 | 35.0 ± 0.0 | 370 |"
+    assert rows[3] == "| distilled | 64 | 2 | 15.0 ± 1.0 | 21.0 ± 1.0 | 17.0 ± 1.0 | 29.0 ± 1.0 | 210 |"
+    assert len(rows) == 4  # no features or scratch runs: no rows

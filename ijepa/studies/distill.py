@@ -3,8 +3,9 @@ student of half its width, against the teacher and against the same student pret
 scratch for the same steps.
 
 Rows: ``teacher`` (``configs/quickstart.yaml``, seed 0), ``distilled`` (``ijepa distill --config
-configs/distill/quickstart_half.yaml`` with that teacher), ``scratch`` (the quickstart with
-``--model.embed_dim 64``: the student's architecture, I-JEPA with EMA). Each run is scored by
+configs/distill/quickstart_half.yaml`` with that teacher: the JEPA step), ``scratch`` (the quickstart with
+``--model.embed_dim 64``: the student's architecture, I-JEPA with EMA) and ``features`` (the
+student matching every teacher token, ``--model.objective features``). Each run is scored by
 ``ijepa eval``'s k-NN and linear protocols (``configs/eval/quickstart.yaml``'s) with its seed as
 ``data.seed``. Runs go one after another::
 
@@ -28,7 +29,7 @@ from ijepa.studies.learning import cell, run_summary
 
 TEACHER_CONFIG = "configs/quickstart.yaml"
 STUDENT_CONFIG = "configs/distill/quickstart_half.yaml"
-ROWS = ("teacher", "distilled", "scratch")
+ROWS = ("teacher", "distilled", "features", "scratch")
 EVAL_FILES = {"eval_knn": ("knn.json", "test_top1"), "eval_linear": ("linear.json", "test_top1")}
 
 
@@ -67,6 +68,13 @@ def run(args: argparse.Namespace) -> None:
     for seed in args.seeds:
         runs = {
             "distilled": ["ijepa", "distill", f"--config={STUDENT_CONFIG}", f"--model.teacher={teacher.resolve()}"],
+            "features": [
+                "ijepa",
+                "distill",
+                f"--config={STUDENT_CONFIG}",
+                f"--model.teacher={teacher.resolve()}",
+                "--model.objective=features",
+            ],
             "scratch": ["ijepa", "fit", f"--config={TEACHER_CONFIG}", "--model.embed_dim=64"],
         }
         for row, command in runs.items():
