@@ -463,6 +463,9 @@ def adapt_checkpoint(model: nn.Module, checkpoint: dict, mode: str = "bicubic", 
             )
         return ""
     migrate_legacy_keys(model, checkpoint["state_dict"])
+    if not hasattr(model, "distill"):  # a distilled student read as a plain model: its teacher is not part of it
+        for key in [key for key in checkpoint["state_dict"] if key.startswith("distill.")]:
+            del checkpoint["state_dict"][key]
     changed = resize_state_dict(model, checkpoint["state_dict"], old_grid, old_patch, mode, antialias)
     if not changed:
         return ""

@@ -680,10 +680,6 @@ class IJEPA(L.LightningModule):
         fitting = self._trainer is not None and self.trainer.state.fn == "fit"
         source = f"ckpt_path={str(self.trainer.ckpt_path)!r}" if self._trainer is not None else "the checkpoint"
         refuse_to_load_non_finite(checkpoint, source)
-        if type(self) is IJEPA and "distillation" in checkpoint:  # a distilled student, without its teacher
-            state = checkpoint.get("state_dict") or {}
-            for key in [key for key in state if key.startswith("distill.")]:
-                del state[key]
         check_resumed_levels(checkpoint, self.target_blocks, self.hparams.depth)
         restore_rng_states(checkpoint.get("rng_states") if fitting else None)
         report = adapt_checkpoint(self, checkpoint, **self.position_interpolation)

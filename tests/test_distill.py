@@ -12,6 +12,7 @@ from helpers import Recorder, Stop, random_loader, save_teacher
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ijepa.callbacks import EMATargetUpdate
+from ijepa.checkpoint import load_adapted
 from ijepa.distill import DistillIJEPA, Resized
 from ijepa.interop import load_encoder, save_hf
 from ijepa.module import IJEPA
@@ -172,6 +173,11 @@ def test_the_students_checkpoint_reads_as_an_ijepa_model_whose_target_encoder_is
     expected = student.encoder.eval()(images)
     assert torch.equal(plain.eval()(images), expected)
     assert torch.equal(load_encoder(path, "target")(images), expected)
+    # at another resolution (ijepa eval --data.image_size, ijepa validate): the student, adapted
+    larger = IJEPA.load_from_checkpoint(path, weights_only=True, image_size=64)
+    rebuilt = IJEPA(**{**plain.hparams, "image_size": 64})
+    load_adapted(rebuilt, torch.load(path, weights_only=True))
+    assert torch.equal(rebuilt.eval()(torch.ones(1, 3, 64, 64)), larger.eval()(torch.ones(1, 3, 64, 64)))
     with pytest.raises(ValueError, match="objective='jepa'"):  # resuming with another objective
         other = DistillIJEPA(teacher=str(teacher_path), objective="features", **STUDENT)
         tiny_trainer(tmp_path, max_steps=3).fit(other, datamodule=tiny_datamodule(), ckpt_path=path)
