@@ -213,7 +213,11 @@ class DistillIJEPA(IJEPA):
             )
         tokens = self.encoder(batch.images)  # [B, N, D]
         predictions = self.distill["head"](tokens)
-        return StepOutput(predictions[:, None], normed[:, None], tokens, features)
+        every = torch.arange(tokens.size(1), device=tokens.device).expand(tokens.size(0), -1)  # [B, N]
+        return StepOutput(
+            predictions[:, None], normed[:, None], tokens, features,
+            context_indices=every, target_indices=every[:, None], grid=tuple(self.encoder.grid),
+        )  # fmt: skip
 
     def predict_packed(self, batch: PackedBatch) -> StepOutput:
         raise ValueError("ijepa distill takes square batches, not native-resolution (packed) ones.")

@@ -194,3 +194,16 @@ def test_an_exported_students_model_card_names_its_teacher(teacher_path, tmp_pat
     card = (tmp_path / "hf" / "README.md").read_text()
     assert f"| distilled from | `{teacher_path}` (ijepa checkpoint, its target encoder: width 32, depth 2)" in card
     assert "| width | 16 |" in card
+
+
+@pytest.mark.parametrize("objective", ["jepa", "features"])
+def test_the_per_position_loss_map_adds_up_to_the_students_loss(teacher_path, objective):
+    from ijepa.callbacks.jepa_images import position_loss_map
+
+    student = DistillIJEPA(teacher=str(teacher_path), objective=objective, **STUDENT).eval()
+    batch = one_batch()
+    loss_sum, count = position_loss_map(student, batch)
+    assert loss_sum.shape == (16,)
+    if objective == "features":  # every token of every image is predicted once
+        assert torch.equal(count, torch.full((16,), float(len(batch.images))))
+    torch.testing.assert_close(loss_sum.sum() / count.sum(), student.jepa_loss(batch), rtol=1e-6, atol=0)

@@ -29,7 +29,8 @@ def position_loss_map(pl_module: L.LightningModule, batch: GridBatch) -> tuple[t
     out = pl_module.predict_targets(batch)
     per_target = pl_module.prediction_loss(out.predictions, out.targets, reduction="none").mean(-1)  # [B, M, Kt]
     num_positions = out.target_features.size(1)
-    flat = batch.target_indices.flatten()
+    # the positions predicted: the batch's targets, or those the step says (a student matching every token)
+    flat = (batch.target_indices if out.target_indices is None else out.target_indices).flatten()
     loss_sum = torch.zeros(num_positions, device=flat.device).index_add_(0, flat, per_target.flatten())
     count = torch.zeros(num_positions, device=flat.device).index_add_(0, flat, torch.ones_like(per_target.flatten()))
     return loss_sum, count
