@@ -33,6 +33,7 @@ from ijepa.interop.huggingface import load_hf
 from ijepa.interop.ijepa_model import ijepa_from_encoder
 from ijepa.interop.official import NETWORKS
 from ijepa.module import IJEPA
+from ijepa.nn.checks import check_range
 from ijepa.nn.vit import DropPath, VisionTransformer
 from ijepa.objectives import StepOutput, step_targets, target_blocks
 from ijepa.regularizers import migrate_legacy_hparams
@@ -135,6 +136,8 @@ class DistillIJEPA(IJEPA):
     ):
         if teacher is None:
             raise ValueError("teacher is required: an ijepa checkpoint or a Hugging Face IJepaModel folder.")
+        if teacher_image_size is not None:
+            check_range(teacher_image_size, "teacher_image_size", 1)
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}.")
         network, kind = read_teacher(teacher, teacher_encoder, teacher_image_size)

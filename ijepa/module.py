@@ -240,7 +240,7 @@ class IJEPA(L.LightningModule):
             ("predictor_embed_dim", predictor_embed_dim, 1),
             ("predictor_depth", predictor_depth, 1),
             ("predictor_num_heads", predictor_num_heads, 1),
-            ("target_dim", target_dim or 1, 1),
+            ("target_dim", embed_dim if target_dim is None else target_dim, 1),
             ("lr", lr, 0),
             ("start_lr", start_lr, 0),
             ("final_lr", final_lr, 0),
@@ -252,7 +252,8 @@ class IJEPA(L.LightningModule):
         ):
             check_range(value, name, low)
         check_range(mlp_ratio, "mlp_ratio", 0, low_open=True)
-        check_range(predictor_mlp_ratio or mlp_ratio, "predictor_mlp_ratio", 0, low_open=True)
+        predictor_mlp = mlp_ratio if predictor_mlp_ratio is None else predictor_mlp_ratio
+        check_range(predictor_mlp, "predictor_mlp_ratio", 0, low_open=True)
         check_range(drop_path_rate, "drop_path_rate", 0, 1, high_open=True)
         check_range(time_unit, "time_unit", 0, low_open=True)
         for index, beta in enumerate(betas):
@@ -303,7 +304,7 @@ class IJEPA(L.LightningModule):
             predictor_embed_dim,
             predictor_depth,
             predictor_num_heads,
-            predictor_mlp_ratio or mlp_ratio,
+            predictor_mlp,
             drop_path_rate=drop_path_rate,
             pos_embed=predictor_pos_embed,
             mode=predictor_mode,

@@ -29,6 +29,8 @@ from ijepa.interop import load_encoder, load_hf
 from ijepa.interop.card import NO_RESULTS, WEIGHTS_ONLY_KEY, code_blocks, eval_folder
 from ijepa.interop.ijepa_model import WEIGHTS_ONLY_KEY as MARKER
 
+pytestmark = pytest.mark.slow  # each test reads a checkpoint trained by `ijepa fit` (a module fixture)
+
 U = 2.0**-8  # bfloat16's unit roundoff
 DEPTH = 2  # tests/tiny.yaml's
 WEIGHTS_TOLERANCE = (1 + 4 * DEPTH) * U  # times the features' scale: bf16 weights, float32 compute

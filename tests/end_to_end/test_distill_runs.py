@@ -1,12 +1,16 @@
-"""``ijepa distill`` from the command line: a student trained, resumed, and a bad teacher named."""
+"""``ijepa distill`` runs: a student stopped and resumed continues exactly; from the command line a
+student is trained, resumed, and a bad teacher named."""
 
+import lightning as L
 import pytest
 import torch
 import yaml
-from conftest import ROOT
-from helpers import save_teacher
+from conftest import ROOT, TINY_MODEL, tiny_datamodule, tiny_trainer
+from helpers import Recorder, Stop, save_teacher
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ijepa.cli import main
+from ijepa.distill import DistillIJEPA
 
 pytestmark = pytest.mark.slow
 
@@ -14,6 +18,45 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def teacher_path(tmp_path):
     return save_teacher(tmp_path / "teacher.ckpt")
+
+
+STUDENT = {**TINY_MODEL, "embed_dim": 16, "depth": 1, "num_heads": 2}
+
+
+STOP_AT, MAX_STEPS = 3, 6
+
+
+def distil(tmp_path, teacher_path, recorder):
+    L.seed_everything(0)
+    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT, warmup_steps=2, drop_path_rate=0.1)
+    trainer = tiny_trainer(
+        tmp_path,
+        max_steps=MAX_STEPS,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+        callbacks=[recorder, ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)],
+    )
+    return student, tiny_datamodule(train_size=64, val_size=16, batch_size=16), trainer
+
+
+def test_a_distilled_student_resumes_exactly(tmp_path, teacher_path):
+    full = Recorder()
+    student, data, trainer = distil(tmp_path / "full", teacher_path, full)
+    trainer.fit(student, datamodule=data)
+    stopped = Recorder(stop_at=STOP_AT)
+    student, data, trainer = distil(tmp_path / "resume", teacher_path, stopped)
+    with pytest.raises(Stop):
+        trainer.fit(student, datamodule=data)
+    resumed = Recorder()
+    student, data, trainer = distil(tmp_path / "resume", teacher_path, resumed)
+    checkpoint = tmp_path / "resume" / "ckpt" / f"epoch=0-step={STOP_AT}.ckpt"
+    trainer.fit(student, datamodule=data, ckpt_path=checkpoint)
+    assert sorted(resumed.losses) == list(range(STOP_AT + 1, MAX_STEPS + 1))
+    for step in resumed.losses:
+        assert resumed.losses[step] == full.losses[step], f"different loss at step {step}"
+    final = torch.load(tmp_path / "full" / "ckpt" / f"epoch=1-step={MAX_STEPS}.ckpt", weights_only=True)
+    for name, value in student.state_dict().items():
+        assert torch.equal(value, final["state_dict"][name]), name
 
 
 def distill_config(tmp_path) -> str:
