@@ -15,7 +15,6 @@ from torchvision.transforms import v2
 
 from ijepa.data.sources import ImageFolderSource, ShapesSource
 from ijepa.evaluation import (
-    AttentiveProtocol,
     EvalData,
     Evaluation,
     KNNProtocol,
@@ -136,23 +135,6 @@ def test_features_are_cached_reused_by_the_next_protocol_and_invalidated_by_a_ne
     cropped = BilinearCrop(source=ShapesSource(**SOURCE), batch_size=32, num_workers=0, val_fraction=0.2)
     fourth = evaluate(checkpoint, [KNNProtocol()], tmp_path, data=cropped, **options)[0]
     assert len(fourth["features"]["extracted"]) == 2
-
-
-def test_a_grid_trained_in_one_pass_scores_as_each_head_trained_alone(checkpoint, tmp_path):
-    for protocol in (LinearProtocol, AttentiveProtocol):
-        extra = {"num_heads": 2} if protocol is AttentiveProtocol else {}
-        grid = evaluate(
-            checkpoint,
-            [protocol(lrs=[1e-3, 1e-2], weight_decays=[0.0, 0.05], epochs=2, **extra)],
-            tmp_path / "grid",
-            cache=False,
-        )[0]
-        for head in grid["heads"]:
-            lr, wd = head["settings"]["lr"], head["settings"]["weight_decay"]
-            alone = evaluate(
-                checkpoint, [protocol(lrs=[lr], weight_decays=[wd], epochs=2, **extra)], tmp_path / "alone", cache=False
-            )[0]
-            assert alone["heads"][0]["val_top1"] == pytest.approx(head["val_top1"], abs=1e-9), head["name"]
 
 
 def test_low_shot_results_are_identical_for_one_seed_and_change_with_another(checkpoint, tmp_path):
