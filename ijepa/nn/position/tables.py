@@ -185,24 +185,13 @@ class SincosPosition(AdditivePosition):
         return self.embedding
 
 
-class LearnedFlat3DPosition(AdditivePosition):
-    """A learned ``[T H W, D]`` table over clip tokens, one row per token (flat, as ``learned``;
-    not factorised per axis as ``learned_2d``), trunc-normal(0.02) init. Formerly ``learned_3d``,
-    a name that still builds it."""
+class LearnedFlat3DPosition(LearnedPosition):
+    """``learned`` over clip tokens: one row of a ``[T H W, D]`` table per token (flat, not
+    factorised per axis as ``learned_2d``), resized per axis. Formerly ``learned_3d``, a name that
+    still builds it."""
 
     name = "learned_flat_3d"
     dims = 3
-
-    def __init__(self, grid: Grid, embed_dim: int, num_heads: int = 1):
-        super().__init__(grid, embed_dim, num_heads)
-        self.embedding = nn.Embedding(self.num_positions, embed_dim)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.trunc_normal_(self.embedding.weight, std=0.02)
-
-    def table(self) -> torch.Tensor:
-        return self.embedding.weight
 
     def state_resizers(self, old_grid, mode="bicubic", antialias=False):
         if len(old_grid) != 3:
