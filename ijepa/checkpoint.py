@@ -33,11 +33,11 @@ import torch.nn as nn
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from ijepa.legacy import upgrade_state_dict
 from ijepa.nn.patch import PatchEmbed
 from ijepa.nn.position import PositionEncoding
 from ijepa.nn.resize import INTERPOLATION_MODES, Grid, Resizer, check_grid, resize_patch_embed_kernel
 from ijepa.optim import parameter_order
-from ijepa.regularizers import LEGACY_PROJECTOR_PREFIX
 
 _TEMPORARY = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
 
@@ -423,26 +423,13 @@ def saved_grid(checkpoint: dict, hparams) -> tuple[int, int, tuple[int, ...]]:
     return image, patch, grid
 
 
-def migrate_legacy_keys(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
-    """Rename, in place, the keys of checkpoints older than ``model.regularizers``: the SIGReg
-    projector's ``sigreg_projector.*`` become ``regularizers.<i>.projector.*`` of the first
-    regulariser with a projector (where :func:`ijepa.regularizers.legacy_regularizers` puts it)."""
-    old = [key for key in state_dict if key.startswith(LEGACY_PROJECTOR_PREFIX)]
-    members = getattr(model, "regularizers", ())
-    index = next((i for i, member in enumerate(members) if member.projector is not None), None)
-    if not old or index is None:
-        return  # nothing to rename, or nowhere to put it: resize_state_dict lists the keys
-    for key in old:
-        state_dict[f"regularizers.{index}.projector.{key[len(LEGACY_PROJECTOR_PREFIX) :]}"] = state_dict.pop(key)
-
-
 def adapt_checkpoint(model: nn.Module, checkpoint: dict, mode: str = "bicubic", antialias: bool = False) -> str:
     """Adapt, in place, a checkpoint of ``model``'s architecture saved at another image or patch
     size (or frame count) to ``model``, before it is loaded; returns a report of what changed
     ("" if nothing).
 
     ``model`` is an :class:`ijepa.module.IJEPA` (its ``hparams`` and ``encoder.grid``). Keys of
-    older checkpoints are renamed (:func:`migrate_legacy_keys`); learned position tables of the
+    older checkpoints are renamed (:func:`ijepa.legacy.upgrade_state_dict`); learned position tables of the
     encoders and the predictor are interpolated, patch kernels resized (FlexiViT), sin-cos and
     RoPE rebuilt (:func:`resize_state_dict`); AdamW's moments of resized parameters follow the
     same map, so ``fit`` can continue at the new resolution. Anything else that does not fit
@@ -462,7 +449,7 @@ def adapt_checkpoint(model: nn.Module, checkpoint: dict, mode: str = "bicubic", 
                 "first (IJEPA.load_from_checkpoint(path, image_size=..., patch_size=...), then save it)."
             )
         return ""
-    migrate_legacy_keys(model, checkpoint["state_dict"])
+    upgrade_state_dict(checkpoint["state_dict"], hparams.get("regularizers", []))
     if not hasattr(model, "distill"):  # a distilled student read as a plain model: its teacher is not part of it
         for key in [key for key in checkpoint["state_dict"] if key.startswith("distill.")]:
             del checkpoint["state_dict"][key]

@@ -33,6 +33,7 @@ from ijepa.evaluation import runner as evaluation
 from ijepa.interop import convert
 from ijepa.launch import submit as launcher
 from ijepa.launch.requeue import StepBoundaryRequeue
+from ijepa.legacy import upgrade_hparams
 from ijepa.module import IJEPA
 from ijepa.option_errors import (
     CLASS_KEYS,
@@ -44,7 +45,6 @@ from ijepa.option_errors import (
     innermost_error,
     raised_by_project,
 )
-from ijepa.regularizers import migrate_legacy_hparams
 from ijepa.strategy import FSDP2Strategy  # noqa: F401  (importing it registers trainer.strategy: fsdp2)
 
 # (source, target): the target is set from the source and cannot be set itself. The image size
@@ -210,7 +210,7 @@ class IJEPACLI(LightningCLI):
                 f"or past its end, so fit restores it and trains nothing. Raise trainer.max_steps above {step} to "
                 "train on (the schedules then stretch to the new length)."
             )
-        hparams = migrate_legacy_hparams(checkpoint.get("hyper_parameters", {}))
+        hparams = upgrade_hparams(checkpoint.get("hyper_parameters", {}))
         hparams = {k: v for k, v in hparams.items() if k not in ("image_size", "patch_size", "_instantiator")}
         if not hparams:
             return

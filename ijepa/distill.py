@@ -32,11 +32,11 @@ from ijepa.interop.encoder import load_encoder, read_torch_file
 from ijepa.interop.huggingface import load_hf
 from ijepa.interop.ijepa_model import ijepa_from_encoder
 from ijepa.interop.official import NETWORKS
+from ijepa.legacy import upgrade_hparams
 from ijepa.module import IJEPA
 from ijepa.nn.checks import check_range
 from ijepa.nn.vit import DropPath, VisionTransformer
 from ijepa.objectives import StepOutput, step_targets, target_blocks
-from ijepa.regularizers import migrate_legacy_hparams
 
 OBJECTIVES = ("jepa", "features")
 
@@ -75,7 +75,7 @@ def read_teacher(
             raise ValueError(f"teacher={str(source)!r} is a clip encoder; ijepa distill takes image encoders.")
         if image_size in (None, saved["hyper_parameters"].get("image_size")):
             return load_encoder(path, encoder), kind
-        hparams = {k: v for k, v in migrate_legacy_hparams(saved["hyper_parameters"]).items() if not k.startswith("_")}
+        hparams = {k: v for k, v in upgrade_hparams(saved["hyper_parameters"]).items() if not k.startswith("_")}
         state = {k: v for k, v in saved["state_dict"].items() if not k.startswith("distill.")}
     else:
         raise FileNotFoundError(f"teacher={str(source)!r} does not exist.")

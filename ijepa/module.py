@@ -9,7 +9,6 @@ import os
 import lightning as L
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ijepa.checkpoint import (
@@ -24,16 +23,9 @@ from ijepa.checkpoint import (
     saved_checkpoints,
 )
 from ijepa.data.batch import GridBatch, LabeledBatch, PackedBatch
+from ijepa.legacy import upgrade_hparams
 from ijepa.nn.checks import check_heads, check_range, check_token_grid, index_checks
-from ijepa.nn.packing import (
-    canvas_positions,
-    instance_norm_per_image,
-    pack,
-    pack_greedy,
-    patchify,
-    pooled_per_image,
-)
-from ijepa.nn.patch import gather_patches
+from ijepa.nn.packing import pack_images, pooled_per_image
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.sharding import data_parallel_mesh, is_sharded, shard_network
 from ijepa.nn.video import temporal_positions
@@ -46,41 +38,32 @@ from ijepa.objectives import (
     normalize_targets,  # noqa: F401 (ijepa.module's public name since the start)
     objective_from_config,
     refuse_packed,
-    step_targets,
     target_blocks,
 )
 from ijepa.optim import Schedules, build_adamw, lr_scheduler, parameter_groups, rebase_schedulers, set_weight_decay
-from ijepa.regularizers import (
-    ContextTokens,
-    Regularizer,
-    migrate_legacy_hparams,
-    regularizer_from_config,
+from ijepa.regularizers import ContextTokens, Regularizer, log_names, regularizer_from_config
+from ijepa.step import (
+    LOSSES,
+    forward_context,
+    forward_context_packed,
+    forward_target,
+    forward_target_packed,
+    mask_repeats,
+    prediction_loss,
 )
 from ijepa.strategy import refuse_fsdp1
-
-LOSSES = ("smooth_l1", "mse")
 
 
 class IJEPA(L.LightningModule):
     """I-JEPA: predict the target encoder's features of masked blocks from a context block.
 
-    One training step (shapes for batch ``B``, ``M`` target blocks of ``Kt`` patches, context of
-    ``Kc`` patches, width ``D``):
-
-    * target branch, no grad: ``target_encoder(images)`` on all patches ``[B, N, D]`` ->
-      per-token layer norm -> gather the targets ``[B, M, Kt, D]``;
-    * online branch: ``encoder(images, context_indices)`` ``[B, Kc, D]`` ->
-      ``predictor(..., target_indices)`` ``[B, M, Kt, D]``;
-    * loss: smooth L1 (or MSE) between the two, optionally mixed with a collapse regulariser on the
-      context encoder's output (``model.regularizers``); the target encoder follows the
-      online encoder by EMA in :class:`ijepa.callbacks.EMATargetUpdate`, never by gradient.
-
-    A batch may carry ``context_mask [B, Kc]`` (True for real context tokens) when contexts of
-    different lengths are padded (``data.context_policy: pad``).
-
-    The schedules follow the official I-JEPA recipe: AdamW with linear warm-up then cosine
-    learning rate (``start_lr -> lr -> final_lr``) and a cosine weight-decay schedule
-    (``weight_decay -> final_weight_decay``), all functions of ``global_step``.
+    One step (:mod:`ijepa.step`): the target branch runs the target encoder on every patch, without
+    gradient, and gathers the normed targets ``[R * B, M, Kt, D]``; the context branch runs the
+    encoder on the context ``[R * B, Kc, D]`` and the predictor to the target positions. The loss
+    (smooth L1 or MSE) joins ``model.regularizers`` and ``model.objectives``; the target encoder
+    follows the online one by EMA (:class:`ijepa.callbacks.EMATargetUpdate`), never by gradient.
+    AdamW, warm-up then cosine learning rate and cosine weight decay follow the official recipe,
+    functions of ``global_step`` (:mod:`ijepa.optim`).
 
     Args:
         image_size: input side in pixels (linked from ``data.image_size`` by the CLI).
@@ -91,9 +74,8 @@ class IJEPA(L.LightningModule):
         num_heads: encoder attention heads (must divide ``embed_dim``).
         mlp_ratio: MLP hidden width as a multiple of the block width.
         drop_path_rate: stochastic-depth rate of the last block (linear from 0), encoder and predictor.
-        pos_embed: encoder position encoding, a name of ``ijepa.nn.position.POSITION_ENCODINGS``:
-            none, learned, learned_2d, sincos, rope_axial, rope_mixed, peg or relative_bias for
-            images; sincos_3d, learned_flat_3d or mrope for clips (``docs/position_embeddings.md``).
+        pos_embed: encoder position encoding, a name of ``ijepa.nn.position.POSITION_ENCODINGS``
+            (the family table of ``docs/position_embeddings.md``: image and clip members).
         pos_options: the encoder position encoding's own options, e.g. ``{axis_order: row_col}``
             for sincos or ``{base: 10000}`` for rope_axial (the table in
             ``docs/position_embeddings.md`` lists each member's).
@@ -164,23 +146,10 @@ class IJEPA(L.LightningModule):
 
     # Arguments that fix the parameters' shapes or meaning: a resumed run cannot change them
     # (the CLI reports a conflict); every other argument may differ from the checkpoint's.
-    ARCHITECTURE = (
-        "in_channels",
-        "embed_dim",
-        "depth",
-        "num_heads",
-        "mlp_ratio",
-        "pos_embed",
-        "pos_options",
-        "predictor_embed_dim",
-        "predictor_depth",
-        "predictor_num_heads",
-        "predictor_pos_embed",
-        "predictor_pos_options",
-        "predictor_mode",
-        "predictor_mlp_ratio",
-        "target_dim",
-        "tubelet_size",
+    ARCHITECTURE = tuple(
+        "in_channels embed_dim depth num_heads mlp_ratio pos_embed pos_options predictor_embed_dim predictor_depth "
+        "predictor_num_heads predictor_pos_embed predictor_pos_options predictor_mode predictor_mlp_ratio target_dim "
+        "tubelet_size".split()
     )
 
     def __init__(
@@ -228,29 +197,15 @@ class IJEPA(L.LightningModule):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}.")
-        # Every numeric option is checked here, before any weight is built (a bad one used to fail
-        # inside torch, e.g. drop_path_rate 1.5 at the first training step).
-        for name, value, low in (
-            ("image_size", image_size, 1),
-            ("patch_size", patch_size, 1),
-            ("in_channels", in_channels, 1),
-            ("embed_dim", embed_dim, 1),
-            ("depth", depth, 1),
-            ("num_heads", num_heads, 1),
-            ("predictor_embed_dim", predictor_embed_dim, 1),
-            ("predictor_depth", predictor_depth, 1),
-            ("predictor_num_heads", predictor_num_heads, 1),
-            ("target_dim", embed_dim if target_dim is None else target_dim, 1),
-            ("lr", lr, 0),
-            ("start_lr", start_lr, 0),
-            ("final_lr", final_lr, 0),
-            ("warmup_steps", warmup_steps, 0),
-            ("weight_decay", weight_decay, 0),
-            ("final_weight_decay", final_weight_decay, 0),
-            ("tubelet_size", tubelet_size, 1),
-            ("activation_checkpointing", activation_checkpointing, 0),
-        ):
-            check_range(value, name, low)
+        # Every numeric option is checked before any weight is built, naming itself and its range.
+        given = locals()
+        positive = ("image_size", "patch_size", "in_channels", "embed_dim", "depth", "num_heads", "tubelet_size")
+        for name in (*positive, "predictor_embed_dim", "predictor_depth", "predictor_num_heads"):
+            check_range(given[name], name, 1)
+        for name in ("lr", "start_lr", "final_lr", "warmup_steps", "weight_decay", "final_weight_decay"):
+            check_range(given[name], name, 0)
+        check_range(activation_checkpointing, "activation_checkpointing", 0)
+        check_range(embed_dim if target_dim is None else target_dim, "target_dim", 1)
         check_range(mlp_ratio, "mlp_ratio", 0, low_open=True)
         predictor_mlp = mlp_ratio if predictor_mlp_ratio is None else predictor_mlp_ratio
         check_range(predictor_mlp, "predictor_mlp_ratio", 0, low_open=True)
@@ -317,32 +272,25 @@ class IJEPA(L.LightningModule):
             network.transformer.checkpoint_every = activation_checkpointing
         # weight 0 switches a member off: it builds no projector and costs nothing
         self.regularizers = nn.ModuleList(member.build(embed_dim) for member in regularizers if member.weight > 0)
-        names = [member.log_name for member in self.regularizers]
-        # two members of one kind log as sigreg, sigreg_1, ...
-        self.regularizer_log_names = [
-            name if names[:i].count(name) == 0 else f"{name}_{names[:i].count(name)}" for i, name in enumerate(names)
-        ]
+        self.regularizer_log_names = log_names(self.regularizers)  # two SIGRegs log as sigreg, sigreg_1
         self._regularizers_on = True
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):
-        """Lightning's ``load_from_checkpoint``, which also reads checkpoints older than
-        ``model.regularizers``: their flat ``sigreg_*`` / ``varcov_*`` hyperparameters become the
-        same regularisers (:func:`ijepa.regularizers.migrate_legacy_hparams`), which Lightning
-        would otherwise drop without a word."""
-        if "regularizers" not in kwargs and isinstance(checkpoint_path, (str, os.PathLike)):
+        """Lightning's ``load_from_checkpoint``, which also reads older hyperparameter formats
+        (:func:`ijepa.legacy.upgrade_hparams`; Lightning would drop the flat regulariser options
+        without a word). Explicit ``kwargs`` win, as in Lightning."""
+        if isinstance(checkpoint_path, (str, os.PathLike)):
             with contextlib.suppress(Exception):  # remote or unreadable: Lightning reports it below
                 saved = torch.load(checkpoint_path, mmap=True, weights_only=True, map_location="cpu")
                 hparams = saved.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {}
-                if "regularizers" not in hparams:
-                    kwargs["regularizers"] = migrate_legacy_hparams(hparams).get("regularizers", [])
+                changed = {k: v for k, v in upgrade_hparams(hparams).items() if k not in hparams or v != hparams[k]}
+                kwargs = {**changed, **kwargs}
         return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict, **kwargs)
 
     def setup(self, stage: str) -> None:
-        # Denormal floats (below 1e-38, e.g. in AdamW's second moments) are very slow on CPU;
-        # flushing them to zero only changes values that small. In an interleaved A/B of the
-        # quickstart step the gain was within noise (docs/benchmarks.md); it guards long runs
-        # whose moments decay.
+        # Denormal floats (below 1e-38, e.g. in AdamW's decaying second moments) are very slow on
+        # CPU; flushing them to zero only changes values that small.
         torch.set_flush_denormal(True)
         if self._trainer is not None:
             refuse_fsdp1(self.trainer.strategy)
@@ -428,70 +376,39 @@ class IJEPA(L.LightningModule):
         return self.jepa_step(batch)[0]
 
     def predict_targets(self, batch: GridBatch) -> StepOutput:
-        """One masked batch (images or clips) through both branches: ``predictions`` and
-        ``targets`` ``[R * B, M, Kt, D]`` (targets layer-normed, without gradient), the context
-        encoder's output ``context [R * B, Kc, D]`` with the batch's ``context_mask`` and
-        ``target_mask``, and the target encoder's ``target_features [B, N, D]`` (its last block,
-        before the layer norm). ``R`` is the number of mask sets per image."""
-        images = batch.images  # or clips [B, C, T, H, W]
-        context_indices, target_indices = batch.context_indices, batch.target_indices
-        context_mask = batch.context_mask  # [R * B, Kc], True for real tokens, when padded
-        rows, num_blocks, num_targets = target_indices.shape
-        # Clips may carry frame_times [B, T] (seconds), which M-RoPE turns into temporal positions.
-        times = self.token_times(batch.frame_times)
-        # A FlexiViT batch (data.train_patch_sizes) says its patch size; its masks are on that grid.
-        flexi, predictor_grid = self.step_patch_size(batch.patch_size), {}
-        if flexi:
-            side = self.hparams.image_size // flexi["patch_size"]
-            predictor_grid = {"grid": (side, side)}
-        # R mask sets per image (data.masks_per_image): row r * B + i masks image i, and the
-        # target encoder's pass over the B images serves all R of them.
-        repeats = rows // images.size(0)
-        if repeats < 1 or rows % images.size(0) or context_indices.size(0) != rows:
-            raise ValueError(
-                f"the batch's masks ({context_indices.size(0)} context and {rows} target rows) must be a "
-                f"whole multiple of its {images.size(0)} images (data.masks_per_image)."
-            )
+        """One masked batch (images or clips) through :func:`ijepa.step.forward_target` then
+        :func:`ijepa.step.forward_context`: ``predictions`` and ``targets`` ``[R * B, M, Kt, D']``,
+        the context encoder's output ``[R * B, Kc, D]`` and the target encoder's last block
+        ``[B, N, D]`` (shapes: :mod:`ijepa.step`)."""
+        hp, masks = self.hparams, (batch.context_indices, batch.target_indices)
+        mask_repeats(batch.images.size(0), *masks)
+        times = self.token_times(batch.frame_times)  # a clip's timestamps -> temporal positions
+        flexi = self.step_patch_size(batch.patch_size)  # a FlexiViT batch's masks are on its own grid
+        grid = (hp.image_size // flexi["patch_size"],) * 2 if flexi else tuple(self.encoder.grid)
         with_context = any(member.predicts_context(self.global_step) for member in self.objectives)
-        with index_checks(self.hparams.debug_checks):
-            with torch.no_grad():  # targets: the last block (or ijepa.objectives' levels), normalised
-                hp, encoder = self.hparams, self.target_network
-                target_features, normed = step_targets(
-                    encoder, images, self.target_blocks, hp.target_last_blocks, hp.target_norm, **times, **flexi
-                )
-                if repeats > 1:
-                    normed = normed.repeat(repeats, 1, 1)
-                targets = gather_patches(normed, target_indices.flatten(1))
-                targets = targets.view(rows, num_blocks, num_targets, -1)
-                context_targets = gather_patches(normed, context_indices) if with_context else None
-            if repeats > 1:
-                images = images.repeat(repeats, *(1,) * (images.dim() - 1))
-                times = {name: value.repeat(repeats, *(1,) * (value.dim() - 1)) for name, value in times.items()}
-            context = self.encoder(images, context_indices, token_mask=context_mask, **times, **flexi)
-            predictions = self.predictor(
-                context,
-                context_indices,
-                target_indices,
-                context_mask=context_mask,
-                target_mask=batch.target_mask,
-                with_context=with_context,
-                **times,
-                **predictor_grid,
-            )
-        predictions, context_predictions = predictions if with_context else (predictions, None)
-        grid = predictor_grid.get("grid", self.encoder.grid)
-        # static shapes: the padded target slots are left out of the loss
+        with index_checks(hp.debug_checks):
+            features, targets, context_targets = forward_target(
+                self.target_network, batch.images, *masks, self.target_blocks, hp.target_last_blocks,
+                hp.target_norm, with_context, **times, **flexi,
+            )  # fmt: skip
+            context, predictions, context_predictions = forward_context(
+                self.encoder, self.predictor, batch.images, *masks, batch.context_mask, batch.target_mask,
+                with_context, **times, **flexi, **({"grid": grid} if flexi else {}),
+            )  # fmt: skip
         return StepOutput(
-            predictions, targets, context, target_features, context_mask, None, batch.target_mask,
-            context_predictions, context_targets, context_indices, target_indices, grid,
+            predictions, targets, context, features, batch.context_mask, None, batch.target_mask,
+            context_predictions, context_targets, *masks, grid,
         )  # fmt: skip
 
     def prediction_loss(
-        self, predictions: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+        self,
+        predictions: torch.Tensor,
+        targets: torch.Tensor,
+        reduction: str = "mean",
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The JEPA loss (``model.loss``: smooth L1 or MSE) between predictions and targets, in float32."""
-        loss_fn = F.mse_loss if self.hparams.loss == "mse" else F.smooth_l1_loss
-        return loss_fn(predictions.float(), targets.float(), reduction=reduction)
+        """``model.loss`` between predictions and targets (:func:`ijepa.step.prediction_loss`)."""
+        return prediction_loss(predictions, targets, self.hparams.loss, reduction, mask)
 
     @torch.no_grad()
     def native_features(
@@ -500,11 +417,8 @@ class IJEPA(L.LightningModule):
         """Mean-pooled features ``[B, D]`` of images at their own sizes (each ``[C, H, W]``, sides
         multiples of the patch size, at most ``image_size``), packed several to a sequence of
         ``token_budget`` slots (default: one full-size image's tokens) and pooled per image."""
-        patch, side = self.hparams.patch_size, self.hparams.image_size // self.hparams.patch_size
-        patches = [patchify(image, patch) for image in images]
-        positions = [canvas_positions((im.size(-2) // patch, im.size(-1) // patch), (side, side)) for im in images]
-        bins = pack_greedy([x.size(0) for x in patches], token_budget or side * side)
-        packed = pack(patches, positions, bins)
+        side = self.hparams.image_size // self.hparams.patch_size
+        packed = pack_images(images, self.hparams.patch_size, (side, side), token_budget)
         network = self.target_encoder if encoder == "target" else self.encoder
         return pooled_per_image(network.forward_packed(packed), packed.image_ids, len(images))
 
@@ -517,34 +431,21 @@ class IJEPA(L.LightningModule):
         return self.target_encoder(batch.images, **self.token_times(batch.frame_times)).mean(dim=1)
 
     def predict_packed(self, batch: PackedBatch) -> StepOutput:
-        """A native-resolution batch (:class:`ijepa.data.native.PackedMaskCollator`) through both
-        branches: ``predictions`` and ``targets`` ``[T, D]`` (every target token of every image,
-        targets normalised by ``target_norm``, without gradient), the context encoder's packed
-        output ``context [S, L, D]`` with ``context_mask`` (real slots) and ``context_pooled
-        [B, D]`` (each image's mean context token), and ``target_features [B, D]``, each image's
-        mean target feature."""
+        """A native-resolution batch (:class:`ijepa.data.native.PackedMaskCollator`) through
+        :func:`ijepa.step.forward_target_packed` and :func:`ijepa.step.forward_context_packed`:
+        ``predictions`` and ``targets`` ``[T, D]`` (every target token of every image), the packed
+        context ``[S, L, D]`` with ``context_mask`` (real slots) and ``context_pooled [B, D]``, and
+        ``target_features [B, D]``, each image's mean target feature."""
         refuse_packed(self.objectives, self.hparams.target_last_blocks)
-        num_images = len(batch)
-        full, context_in, layout = batch.full, batch.context, batch.pred
-        target_slot = batch.pred_target_slot
-        with torch.no_grad():
-            features = self.target_encoder.forward_packed(full)  # [S_f, L_f, D]
-            if self.hparams.target_norm == "layer":
-                normed = F.layer_norm(features, features.shape[-1:])
-            else:  # each feature over its own image's tokens, wherever the packing put them
-                normed = instance_norm_per_image(features, full.image_ids, num_images)
-            targets = normed.flatten(0, 1)[target_slot[target_slot >= 0]]
-            target_features = pooled_per_image(features, full.image_ids, num_images)
-        context = self.encoder.forward_packed(context_in)
-        predictions = self.predictor.forward_packed(context, layout, batch.pred_context_slot, target_slot)
-        return StepOutput(
-            predictions,
-            targets,
-            context,
-            target_features,
-            context_mask=context_in.real,
-            context_pooled=pooled_per_image(context, context_in.image_ids, num_images),
+        count, slot = len(batch), batch.pred_target_slot
+        targets, features = forward_target_packed(
+            self.target_encoder, batch.full, slot, count, self.hparams.target_norm
         )
+        context, predictions = forward_context_packed(
+            self.encoder, self.predictor, batch.context, batch.pred, batch.pred_context_slot, slot
+        )
+        pooled = pooled_per_image(context, batch.context.image_ids, count)
+        return StepOutput(predictions, targets, context, features, batch.context.real, pooled)
 
     def jepa_step(self, batch: GridBatch | PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss and the target encoder's features of every patch ``[B, N, D]`` (its last block,
@@ -558,30 +459,27 @@ class IJEPA(L.LightningModule):
                 f"{type(batch).__name__}: build one as GridBatch(images, context_indices, target_indices)."
             )
         out = self.predict_packed(batch) if isinstance(batch, PackedBatch) else self.predict_targets(batch)
-        context, target_features, context_mask = out.context, out.target_features, out.context_mask
-        if out.target_mask is not None:
-            per_value = self.prediction_loss(out.predictions, out.targets, reduction="none")  # [R*B, M, Kt, D]
-            weights = out.target_mask.to(per_value.dtype)[..., None]
-            loss = (per_value * weights).sum() / (weights.sum() * per_value.size(-1))
-        else:
-            loss = self.prediction_loss(out.predictions, out.targets)
-        stage = None
-        if self._trainer is not None:
-            stage = "train" if self.training else ("test" if self.trainer.testing else "val")
+        loss = self.prediction_loss(out.predictions, out.targets, mask=out.target_mask)
+        stage = self._trainer and ("train" if self.training else "test" if self.trainer.testing else "val")
+
+        def log(name: str, value: torch.Tensor | float) -> None:
+            if stage:
+                value = value.detach() if torch.is_tensor(value) else value
+                self.log(f"{stage}/{name}", value, sync_dist=stage != "train", batch_size=len(batch))
+
         members = list(zip(self.regularizers, self.regularizer_log_names)) if self._regularizers_on else []
-        if stage is not None and members:
-            self.log(f"{stage}/jepa_loss", loss.detach(), sync_dist=stage != "train", batch_size=len(batch))
-        context_tokens = ContextTokens(context, context_mask, out.context_pooled)
+        if members:
+            log("jepa_loss", loss)
+        context_tokens = ContextTokens(out.context, out.context_mask, out.context_pooled)
         for member, name in members:
             term = member(context_tokens, self.global_step, self.global_rank)
-            if stage is not None:
-                self.log(f"{stage}/{name}", term.detach(), sync_dist=stage != "train", batch_size=len(batch))
+            log(name, term)
             loss = member.combine_with(loss, term)
         for member in self.objectives:  # ijepa.objectives: e.g. V-JEPA 2.1's context loss
             loss, terms = member.add_to(loss, out, self.global_step, self.prediction_loss)
-            for name, term in terms.items() if stage is not None else ():
-                self.log(f"{stage}/{name}", term, sync_dist=stage != "train", batch_size=len(batch))
-        return loss, target_features
+            for name, term in terms.items():
+                log(name, term)
+        return loss, out.target_features
 
     @contextlib.contextmanager
     def regularisers_off(self):

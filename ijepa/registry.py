@@ -1,13 +1,17 @@
-"""Members of a family found from their classes, never from a literal list.
+"""Members of a kind found from their classes, never from a literal list: the one registry
+mechanism of the package.
 
-Data sources and regularisers are chosen in YAML by ``class_path``; the CLI's choices, the
-generated docs and checkpoints rebuilding a member all ask these two functions.
+Every kind (position encodings, data sources, regularisers, objectives, evaluation protocols)
+is a base class; its members are the concrete subclasses defined so far
+(:func:`concrete_subclasses`). A family of one file per member imports its files with
+:func:`import_modules`. Kinds chosen in YAML by ``class_path`` are built by :func:`from_config`.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 
 
 def concrete_subclasses(base: type) -> tuple[type, ...]:
@@ -38,3 +42,10 @@ def from_config(config: dict, base: type):
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise ValueError(f"{config['class_path']} is not a {base.__name__}.")
     return cls(**config.get("init_args", {}))
+
+
+def import_modules(package: str) -> None:
+    """Import every module of ``package`` (a family of one file per member), so that their
+    classes are defined before :func:`concrete_subclasses` looks."""
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        importlib.import_module(f"{package}.{info.name}")

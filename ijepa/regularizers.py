@@ -427,49 +427,7 @@ def regularizer_from_config(config: dict | Regularizer) -> Regularizer:
     return config if isinstance(config, Regularizer) else from_config(config, Regularizer)
 
 
-# The flat options regularisers had before ``model.regularizers`` (checkpoints until 2026-12).
-LEGACY_OPTIONS = (
-    "sigreg_weight",
-    "sigreg_input",
-    "sigreg_tokens",
-    "sigreg_slices",
-    "sigreg_projector",
-    "sigreg_projector_share",
-    "varcov_weight",
-    "varcov_input",
-)
-LEGACY_PROJECTOR_PREFIX = "sigreg_projector."
-
-
-def legacy_regularizers(hparams: dict) -> list[dict]:
-    """The ``model.regularizers`` list that the flat options of an older checkpoint's
-    hyperparameters mean: SIGReg first (it mixed with the JEPA loss), then the
-    variance-covariance terms (added), each with the sample size both shared."""
-    tokens = hparams.get("sigreg_tokens", 1024)
-    found = []
-    if hparams.get("sigreg_weight", 0.0) > 0:
-        found.append(
-            SIGReg(
-                hparams["sigreg_weight"],
-                hparams.get("sigreg_input", "tokens"),
-                tokens,
-                hparams.get("sigreg_projector"),
-                hparams.get("sigreg_projector_share", 1.0),
-                slices=hparams.get("sigreg_slices", 256),
-            ).config()
-        )
-    if hparams.get("varcov_weight", 0.0) > 0:
-        found.append(
-            VarianceCovariance(hparams["varcov_weight"], hparams.get("varcov_input", "tokens"), tokens).config()
-        )
-    return found
-
-
-def migrate_legacy_hparams(hparams: dict) -> dict:
-    """``hparams`` with the flat regulariser options replaced by ``regularizers``; unchanged
-    when it has none."""
-    if not any(key in hparams for key in LEGACY_OPTIONS):
-        return hparams
-    migrated = {key: value for key, value in hparams.items() if key not in LEGACY_OPTIONS}
-    migrated.setdefault("regularizers", legacy_regularizers(hparams))
-    return migrated
+def log_names(members) -> list[str]:
+    """Each member's ``log_name``, numbered from the second of a kind on: ``sigreg``, ``sigreg_1``, ..."""
+    names = [member.log_name for member in members]
+    return [name if names[:i].count(name) == 0 else f"{name}_{names[:i].count(name)}" for i, name in enumerate(names)]

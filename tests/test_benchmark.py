@@ -67,7 +67,7 @@ def test_python_masks_are_valid():
 
 
 def test_index_checks_are_off_in_the_step_unless_debugging():
-    from ijepa.nn.checks import index_checks_enabled
+    from ijepa.nn import checks
 
     sampler = MultiBlockMaskSampler(4, 2, (0.1, 0.2), min_keep=2)
     context, targets = sampler(2, torch.Generator().manual_seed(0))
@@ -75,10 +75,10 @@ def test_index_checks_are_off_in_the_step_unless_debugging():
     for debug in (False, True):
         model = IJEPA(**TINY_MODEL, debug_checks=debug)
         seen = []
-        model.encoder.register_forward_pre_hook(lambda module, args, seen=seen: seen.append(index_checks_enabled()))
+        model.encoder.register_forward_pre_hook(lambda module, args, seen=seen: seen.append(checks._INDEX_CHECKS))
         model.jepa_loss(batch)
         assert seen == [debug]
-    assert index_checks_enabled()  # restored outside the step
+    assert checks._INDEX_CHECKS  # restored outside the step
 
 
 def test_compile_switch_compiles_in_place_and_keeps_checkpoint_keys():

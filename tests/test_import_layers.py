@@ -17,16 +17,18 @@ PACKAGE = ROOT / "ijepa"
 
 # Bottom to top. A module belongs to the first entry that is its name or a parent package of it.
 LAYERS: list[tuple[str, ...]] = [
-    ("ijepa.nn",),  # plain PyTorch: tokens, attention, positions, resizing of tensors
+    # plain PyTorch: tokens, attention, positions, resizing of tensors; how members of a kind are
+    # found; older formats mapped to today's (plain data)
+    ("ijepa.nn", "ijepa.registry", "ijepa.legacy"),
     (
-        "ijepa.registry",
         "ijepa.regularizers",
         "ijepa.objectives",
         "ijepa.schedules",
         "ijepa.optim",
         "ijepa.masks",
         "ijepa.pictures",
-    ),  # plain functions and modules
+        "ijepa.step",
+    ),  # plain functions and modules; one step's two branches
     ("ijepa.checkpoint", "ijepa.data", "ijepa.strategy"),  # checkpoint files; data; the fsdp2 strategy
     ("ijepa.classifiers",),  # classifiers on frozen features: the probes' and ijepa eval's
     ("ijepa.module",),  # the LightningModule

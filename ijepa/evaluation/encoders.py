@@ -20,11 +20,11 @@ from torch import nn
 from ijepa.checkpoint import load_adapted, non_finite_tensors
 from ijepa.interop.encoder import file_digest, load_encoder
 from ijepa.interop.huggingface import load_hf
+from ijepa.legacy import upgrade_hparams
 from ijepa.module import IJEPA
 from ijepa.nn.checks import check_range
 from ijepa.nn.video import temporal_positions
 from ijepa.nn.vit import VisionTransformer
-from ijepa.regularizers import migrate_legacy_hparams
 
 PIXELS = "pixels"  # the checkpoint value that evaluates raw pixels
 
@@ -283,7 +283,7 @@ def rebuild_at(checkpoint: dict, **sizes: int) -> tuple[IJEPA, str]:
     ``patch_size``, ``num_frames``) and its weights adapted on load, as
     ``IJEPA.load_from_checkpoint(path, **sizes)`` and ``ijepa validate`` adapt them; with the
     report of :func:`ijepa.checkpoint.load_adapted` (one line per changed tensor after the first)."""
-    hparams = migrate_legacy_hparams(checkpoint["hyper_parameters"])
+    hparams = upgrade_hparams(checkpoint["hyper_parameters"])
     hparams = {key: value for key, value in hparams.items() if not key.startswith("_")}
     model = IJEPA(**{**hparams, **sizes})
     return model, load_adapted(model, checkpoint, **model.position_interpolation)
@@ -307,7 +307,7 @@ def adapt_ijepa(
     tensors that changed."""
     # mmap: the hyperparameters without reading the tensors (load_adapted reads those it needs)
     saved = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
-    time_unit = float(migrate_legacy_hparams(saved["hyper_parameters"]).get("time_unit", 1.0))
+    time_unit = float(upgrade_hparams(saved["hyper_parameters"]).get("time_unit", 1.0))
     trained = encoder_sizes(network)
     wanted = check_sizes(trained, image_size, patch_size, num_frames)
     if all(trained[key] == value for key, value in wanted.items()):

@@ -33,6 +33,7 @@ from ijepa.classifiers import (
 from ijepa.evaluation.context import EvalContext
 from ijepa.evaluation.splits import item_names, low_shot_indices, named_indices, read_subset_file
 from ijepa.nn.checks import check_range
+from ijepa.registry import concrete_subclasses
 
 
 def _check_grid(values: list, name: str, low: float, low_open: bool = False) -> list[float]:
@@ -589,12 +590,8 @@ class AttentiveProtocol(HeadGridProtocol):
 
 
 def protocol_kinds(reads: str | None = None) -> dict[str, type[Protocol]]:
-    """Every protocol class imported so far, by kind (the registry the CLI and docs read); with
-    ``reads``, those that read that target (``labels``: every source with labels)."""
-    found, stack = {}, list(Protocol.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack += cls.__subclasses__()
-        if cls.kind and not getattr(cls, "__abstractmethods__", None) and reads in (None, cls.reads):
-            found[cls.kind] = cls
+    """Every protocol class imported so far, by kind (the registry the CLI and docs read:
+    :func:`ijepa.registry.concrete_subclasses`), sorted by kind; with ``reads``, those that read
+    that target (``labels``: every source with labels)."""
+    found = {cls.kind: cls for cls in concrete_subclasses(Protocol) if cls.kind and reads in (None, cls.reads)}
     return dict(sorted(found.items()))

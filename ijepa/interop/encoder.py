@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ijepa.legacy import upgrade_hparams
 from ijepa.nn.position import AdditivePosition, NonePosition
 from ijepa.nn.vit import VisionTransformer
 
@@ -67,6 +68,7 @@ def load_encoder(checkpoint: str | Path, encoder: str = "target") -> VisionTrans
     state = saved.get("state_dict") if isinstance(saved, dict) else None
     if not isinstance(hp, dict) or not isinstance(state, dict):
         raise ValueError(f"{checkpoint} is not an ijepa fit checkpoint: it has no state_dict and hyper_parameters.")
+    hp = upgrade_hparams(hp)
     options = {key: hp[key] for key in ENCODER_OPTIONS if key in hp}
     if hp.get("num_frames"):
         network = VisionTransformer.for_clips(**options, **{key: hp[key] for key in CLIP_OPTIONS if key in hp})

@@ -27,11 +27,6 @@ def index_checks(enabled: bool) -> Iterator[None]:
         _INDEX_CHECKS = previous
 
 
-def index_checks_enabled() -> bool:
-    """Whether index range checks are currently on."""
-    return _INDEX_CHECKS
-
-
 def check_indices(indices: torch.Tensor, num_positions: int, name: str = "indices") -> None:
     """Raise ValueError unless ``indices`` is an integer ``[B, K]`` tensor in ``[0, num_positions)``."""
     if indices.dim() != 2:

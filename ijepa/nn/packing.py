@@ -142,11 +142,13 @@ def pack(
     return Packed(values, pos, ids, grp)
 
 
-def unpack(values: torch.Tensor, image_ids: torch.Tensor, num_images: int) -> list[torch.Tensor]:
-    """Per-slot ``values [S, L, ...]`` back to one ``[n_i, ...]`` tensor per image, in packing
-    order (the order :func:`pack` laid them)."""
-    flat_ids, flat = image_ids.flatten(), values.flatten(0, 1)
-    return [flat[flat_ids == i] for i in range(num_images)]
+def pack_images(images: list[torch.Tensor], patch_size: int, canvas: tuple[int, int], budget: int | None = None):
+    """Images ``[C, H_i, W_i]`` at their own sizes (sides multiples of ``patch_size``, at most the
+    ``canvas`` grid's) as patches with their canvas positions, packed greedily several to a
+    sequence of ``budget`` slots (default: one full canvas)."""
+    patches = [patchify(image, patch_size) for image in images]
+    positions = [canvas_positions((im.size(-2) // patch_size, im.size(-1) // patch_size), canvas) for im in images]
+    return pack(patches, positions, pack_greedy([x.size(0) for x in patches], budget or canvas[0] * canvas[1]))
 
 
 def pooled_per_image(values: torch.Tensor, image_ids: torch.Tensor, num_images: int) -> torch.Tensor:

@@ -16,11 +16,17 @@ from ijepa.nn.packing import (
     pack_greedy,
     patchify,
     pooled_per_image,
-    unpack,
 )
 from ijepa.nn.position import position_names
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.vit import VisionTransformer
+
+
+def unpack(values: torch.Tensor, image_ids: torch.Tensor, num_images: int) -> list[torch.Tensor]:
+    """Per-slot ``values [S, L, ...]`` back to one ``[n_i, ...]`` tensor per image."""
+    flat_ids, flat = image_ids.flatten(), values.flatten(0, 1)
+    return [flat[flat_ids == i] for i in range(num_images)]
+
 
 SIZES = [(48, 48), (16, 40), (32, 24), (8, 16), (24, 48), (40, 8)]  # pixels, patch 8, canvas 6x6
 

@@ -202,7 +202,7 @@ def test_video_encoder_on_gathered_tokens(pos_embed):
             )
     with pytest.raises(
         ValueError,
-        match=r"position encoding .sincos. works on image grids \(H, W\), not on the grid \(2, 2, 2\); members for this grid: learned_flat_3d, sincos_3d, mrope",
+        match=r"position encoding .sincos. works on image grids \(H, W\), not on the grid \(2, 2, 2\); members for this grid: learned_flat_3d, mrope, sincos_3d",
     ):
         VisionTransformer.for_clips(num_frames=4, image_size=16, pos_embed="sincos")
 

@@ -40,7 +40,7 @@ def test_encoder_errors_name_the_parameter():
         make_encoder(image_size=30)
     with pytest.raises(ValueError, match="num_heads=3 must be a positive divisor of the width 32"):
         make_encoder(num_heads=3)
-    with pytest.raises(ValueError, match="unknown position encoding 'bogus'; valid names: none, learned"):
+    with pytest.raises(ValueError, match="unknown position encoding 'bogus'; valid names: learned, learned_2d, none, "):
         make_encoder(pos_embed="bogus")
 
 

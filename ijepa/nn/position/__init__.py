@@ -7,15 +7,15 @@
 * :mod:`~ijepa.nn.position.rotary`: RoPE (``rope_axial``, ``rope_mixed``, ``mrope``);
 * :mod:`~ijepa.nn.position.relative`: attention-logit bias (``relative_bias``);
 * :mod:`~ijepa.nn.position.convolution`: positional convolution (``peg``);
-* :mod:`~ijepa.nn.position.registry`: ``POSITION_ENCODINGS`` (config name -> class) and
-  :func:`build_position_encoding` (``RENAMED_POSITIONS``: former names, e.g. ``learned_3d``).
+* :mod:`~ijepa.nn.position.registry`: ``POSITION_ENCODINGS`` (config name -> class, found from
+  the classes of these files) and :func:`build_position_encoding` (former names:
+  :mod:`ijepa.legacy`).
 """
 
 from ijepa.nn.position.base import AdditivePosition, AttentionPositions, NonePosition, PositionEncoding, unravel
 from ijepa.nn.position.convolution import PegPosition
 from ijepa.nn.position.registry import (
     POSITION_ENCODINGS,
-    RENAMED_POSITIONS,
     build_position_encoding,
     position_names,
 )
@@ -37,7 +37,6 @@ from ijepa.nn.position.tables import (
 
 __all__ = [
     "POSITION_ENCODINGS",
-    "RENAMED_POSITIONS",
     "SINCOS_AXIS_ORDERS",
     "AdditivePosition",
     "AttentionPositions",

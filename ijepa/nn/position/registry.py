@@ -1,43 +1,19 @@
-"""The family's one registry: config name -> class. Tests, studies, docs and the CLI read it;
-a new member is its own file plus one line here."""
+"""The family's registry: config name -> class, found from the classes themselves
+(:func:`ijepa.registry.concrete_subclasses` over every file of ``ijepa.nn.position``), image
+members first, then clip members, each group by name. A new member is a class with a ``name``
+in a file of this package; nothing else lists it."""
 
 from __future__ import annotations
 
-import warnings
-
-from ijepa.nn.position.base import NonePosition, PositionEncoding
-from ijepa.nn.position.convolution import PegPosition
-from ijepa.nn.position.relative import RelativeBiasPosition
-from ijepa.nn.position.rotary import MropePosition, RopeAxialPosition, RopeMixedPosition
-from ijepa.nn.position.tables import (
-    Learned2DPosition,
-    LearnedFlat3DPosition,
-    LearnedPosition,
-    Sincos3DPosition,
-    SincosPosition,
-)
+from ijepa.legacy import position_name
+from ijepa.nn.position.base import PositionEncoding
 from ijepa.nn.resize import Grid
+from ijepa.registry import concrete_subclasses, import_modules
 
+import_modules("ijepa.nn.position")
 POSITION_ENCODINGS: dict[str, type[PositionEncoding]] = {
-    cls.name: cls
-    for cls in (
-        NonePosition,
-        LearnedPosition,
-        Learned2DPosition,
-        SincosPosition,
-        RopeAxialPosition,
-        RopeMixedPosition,
-        PegPosition,
-        RelativeBiasPosition,
-        LearnedFlat3DPosition,
-        Sincos3DPosition,
-        MropePosition,
-    )
+    cls.name: cls for cls in sorted(concrete_subclasses(PositionEncoding), key=lambda c: (c.dims, c.name)) if cls.name
 }
-
-# Former config names -> today's, so that configs and checkpoints' hyper_parameters written
-# before a rename build the same member (same state-dict keys, same weights).
-RENAMED_POSITIONS = {"learned_3d": "learned_flat_3d"}
 
 
 def position_names(dims: int | None = None) -> tuple[str, ...]:
@@ -56,16 +32,9 @@ def build_position_encoding(
 ) -> PositionEncoding:
     """The member called ``name`` over ``grid`` (``(H, W)`` or ``(T, H, W)``) for an attention
     of ``num_heads`` heads; ``options`` (``model.pos_options``) go to its constructor and are
-    checked against what it accepts. A former name (:data:`RENAMED_POSITIONS`) builds today's
-    member with a FutureWarning."""
-    if name in RENAMED_POSITIONS:
-        warnings.warn(
-            f"position encoding {name!r} is now called {RENAMED_POSITIONS[name]!r} (the same module: state-dict "
-            "keys and weights unchanged); the old name will be removed.",
-            FutureWarning,
-            stacklevel=2,
-        )
-        name = RENAMED_POSITIONS[name]
+    checked against what it accepts. A former name (:data:`ijepa.legacy.RENAMED_POSITIONS`)
+    builds today's member with a FutureWarning."""
+    name = position_name(name)
     if name not in POSITION_ENCODINGS:
         raise ValueError(f"unknown position encoding {name!r}; valid names: {', '.join(POSITION_ENCODINGS)}.")
     cls = POSITION_ENCODINGS[name]

@@ -187,8 +187,8 @@ class SincosPosition(AdditivePosition):
 
 class LearnedFlat3DPosition(LearnedPosition):
     """``learned`` over clip tokens: one row of a ``[T H W, D]`` table per token (flat, not
-    factorised per axis as ``learned_2d``), resized per axis. Formerly ``learned_3d``, a name that
-    still builds it."""
+    factorised per axis as ``learned_2d``), resized per axis. Its former name
+    still builds it (:mod:`ijepa.legacy`)."""
 
     name = "learned_flat_3d"
     dims = 3

@@ -1,0 +1,143 @@
+"""One I-JEPA step as the official code splits it: the target branch and the context branch.
+
+``IJEPA.predict_targets`` calls :func:`forward_target` then :func:`forward_context` (in that
+order: only the context branch draws random numbers, for stochastic depth); the packed
+native-resolution batch has its own pair. Shapes: ``B`` images (or clips), ``R`` mask sets per
+image (``data.masks_per_image``; mask row ``r * B + i`` masks image ``i``), ``M`` target blocks
+of ``Kt`` patches, contexts of ``Kc`` patches, ``N`` patches per image, width ``D``, target width
+``D'`` (``k * D`` for ``k`` target levels).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ijepa.nn.packing import instance_norm_per_image, pooled_per_image
+from ijepa.nn.patch import gather_patches
+from ijepa.objectives import step_targets
+
+LOSSES = ("smooth_l1", "mse")
+
+
+def mask_repeats(num_images: int, context_indices: torch.Tensor, target_indices: torch.Tensor) -> int:
+    """``R``, the mask sets per image of a batch of ``num_images`` with ``context_indices [R * B,
+    Kc]`` and ``target_indices [R * B, M, Kt]``; a ValueError when the rows are not a whole multiple."""
+    rows = target_indices.size(0)
+    if rows < num_images or rows % num_images or context_indices.size(0) != rows:
+        raise ValueError(
+            f"the batch's masks ({context_indices.size(0)} context and {rows} target rows) must be a "
+            f"whole multiple of its {num_images} images (data.masks_per_image)."
+        )
+    return rows // num_images
+
+
+def repeat_rows(x: torch.Tensor, repeats: int) -> torch.Tensor:
+    """``[B, ...] -> [R * B, ...]``, row ``r * B + i`` a copy of row ``i`` (the masks' order)."""
+    return x if repeats == 1 else x.repeat(repeats, *(1,) * (x.dim() - 1))
+
+
+@torch.no_grad()
+def forward_target(
+    network: torch.nn.Module,
+    images: torch.Tensor,
+    context_indices: torch.Tensor,
+    target_indices: torch.Tensor,
+    levels: list[int],
+    last_blocks: int,
+    norm: str,
+    with_context: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The target branch, without gradient: ``network`` (the EMA target encoder, or a teacher) on
+    every patch of ``images [B, C, H, W]`` (clips ``[B, C, T, H, W]``) once, its blocks ``levels``
+    normalised (``norm``: ``layer`` or ``instance``; ``last_blocks`` > 1 averages the last blocks),
+    then gathered per mask row. Returns ``target_features [B, N, D]`` (the last block before the
+    norm, for monitors), ``targets [R * B, M, Kt, D']`` and, ``with_context``, the targets at the
+    context positions ``[R * B, Kc, D']`` (else None). ``kwargs`` go to ``network``
+    (``frame_times``, ``patch_size``)."""
+    rows, num_blocks, num_targets = target_indices.shape
+    features, normed = step_targets(network, images, levels, last_blocks, norm, **kwargs)
+    normed = repeat_rows(normed, rows // images.size(0))  # [R * B, N, D']
+    targets = gather_patches(normed, target_indices.flatten(1)).view(rows, num_blocks, num_targets, -1)
+    return features, targets, gather_patches(normed, context_indices) if with_context else None
+
+
+def forward_context(
+    encoder: torch.nn.Module,
+    predictor: torch.nn.Module,
+    images: torch.Tensor,
+    context_indices: torch.Tensor,
+    target_indices: torch.Tensor,
+    context_mask: torch.Tensor | None = None,
+    target_mask: torch.Tensor | None = None,
+    with_context: bool = False,
+    frame_times: torch.Tensor | None = None,
+    patch_size: int | None = None,
+    grid: tuple[int, ...] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The context branch, with gradient: ``encoder`` on each mask row's context patches
+    (``images`` ``[B, ...]`` repeated to the ``R * B`` rows), then ``predictor`` from that
+    context to the target positions. Returns ``context [R * B, Kc, D]``, ``predictions [R * B,
+    M, Kt, D']`` and, ``with_context``, the predictions at the context positions ``[R * B, Kc,
+    D']`` (else None). ``context_mask [R * B, Kc]`` / ``target_mask [R * B, M, Kt]`` mark real
+    tokens of padded masks; ``frame_times [B, T']`` are a clip's temporal positions; a FlexiViT
+    batch gives its ``patch_size`` and the predictor's token ``grid``."""
+    repeats = target_indices.size(0) // images.size(0)
+    times = {} if frame_times is None else {"frame_times": repeat_rows(frame_times, repeats)}
+    flexi = {} if patch_size is None else {"patch_size": patch_size}
+    context = encoder(repeat_rows(images, repeats), context_indices, token_mask=context_mask, **times, **flexi)
+    predictions = predictor(
+        context,
+        context_indices,
+        target_indices,
+        context_mask=context_mask,
+        target_mask=target_mask,
+        with_context=with_context,
+        **times,
+        **({} if grid is None else {"grid": grid}),
+    )
+    predictions, context_predictions = predictions if with_context else (predictions, None)
+    return context, predictions, context_predictions
+
+
+@torch.no_grad()
+def forward_target_packed(network: torch.nn.Module, full, target_slot: torch.Tensor, num_images: int, norm: str):
+    """The target branch of a native-resolution batch: ``network.forward_packed`` on the packed
+    ``full`` images ``[S_f, L_f, D]``, normalised per token (``layer``) or per image
+    (``instance``, wherever the packing put its tokens). Returns ``targets [T, D]`` (the slots
+    ``target_slot`` names, ``-1`` for none) and each image's mean feature ``[B, D]``."""
+    features = network.forward_packed(full)
+    if norm == "layer":
+        normed = F.layer_norm(features, features.shape[-1:])
+    else:
+        normed = instance_norm_per_image(features, full.image_ids, num_images)
+    targets = normed.flatten(0, 1)[target_slot[target_slot >= 0]]
+    return targets, pooled_per_image(features, full.image_ids, num_images)
+
+
+def forward_context_packed(encoder, predictor, context, layout, context_slot, target_slot):
+    """The context branch of a native-resolution batch: ``encoder.forward_packed`` on the packed
+    ``context`` sequences ``[S_c, L_c, D]``, then the predictor's packed ``layout`` from the
+    ``context_slot`` tokens to the ``target_slot`` ones. Returns the context encoder's output
+    ``[S_c, L_c, D]`` and ``predictions [T, D']``."""
+    tokens = encoder.forward_packed(context)
+    return tokens, predictor.forward_packed(tokens, layout, context_slot, target_slot)
+
+
+def prediction_loss(
+    predictions: torch.Tensor,
+    targets: torch.Tensor,
+    loss: str = "smooth_l1",
+    reduction: str = "mean",
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The JEPA loss (``loss``: smooth L1 or MSE) between ``predictions`` and ``targets``, in
+    float32. With ``mask [R * B, M, Kt]`` (static shapes: False for padded target slots) the mean
+    over the real slots' values only."""
+    loss_fn = F.mse_loss if loss == "mse" else F.smooth_l1_loss
+    if mask is None:
+        return loss_fn(predictions.float(), targets.float(), reduction=reduction)
+    per_value = loss_fn(predictions.float(), targets.float(), reduction="none")  # [R * B, M, Kt, D']
+    weights = mask.to(per_value.dtype)[..., None]
+    return (per_value * weights).sum() / (weights.sum() * per_value.size(-1))
