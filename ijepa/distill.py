@@ -123,8 +123,7 @@ class DistillIJEPA(IJEPA):
         kwargs: the student's options, as ``ijepa fit``'s ``model.*`` (``target_dim`` is the teacher's width).
     """
 
-    target_by_ema = False
-    ARCHITECTURE = (*IJEPA.ARCHITECTURE, "objective")
+    target_by_ema = False  # a changed objective on resume is caught by the checkpoint's "distillation" record
 
     def __init__(
         self,

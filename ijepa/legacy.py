@@ -9,7 +9,9 @@ and nothing else; a new format is one more entry here and one more test in
 * flat regulariser options (``sigreg_weight``, ``varcov_input``, ...) from before
   ``model.regularizers``: the same members as ``class_path`` configs;
 * the SIGReg projector's ``sigreg_projector.*`` state-dict keys: ``regularizers.<i>.projector.*``;
-* the position encoding ``learned_3d``: ``learned_flat_3d`` (same keys, same weights).
+* the position encoding ``learned_3d``: ``learned_flat_3d`` (same keys, same weights);
+* the data option ``knn_batch_size`` (from when the k-NN probe was the only one):
+  ``probe_batch_size``, in a checkpoint's ``datamodule_hyper_parameters`` and in a config.
 
 Plain data only (no ijepa import): the position registry at the bottom of the package reads it too.
 """
@@ -34,6 +36,9 @@ PROJECTOR_PREFIX = "sigreg_projector."
 # Former position-encoding names -> today's.
 RENAMED_POSITIONS = {"learned_3d": "learned_flat_3d"}
 POSITION_OPTIONS = ("pos_embed", "predictor_pos_embed")
+
+# Former ``data.*`` option names -> today's.
+RENAMED_DATA_OPTIONS = {"knn_batch_size": "probe_batch_size"}
 
 
 def position_name(name: str) -> str:
@@ -86,6 +91,14 @@ def upgrade_hparams(hparams: dict) -> dict:
     for key in renamed:
         upgraded[key] = position_name(hparams[key])
     return upgraded
+
+
+def upgrade_data_hparams(hparams: dict) -> dict:
+    """A checkpoint's ``datamodule_hyper_parameters`` (or a config's ``data`` section) in
+    today's format: former option names today's (a new dict; ``hparams`` itself when nothing is old)."""
+    if not any(key in hparams for key in RENAMED_DATA_OPTIONS):
+        return hparams
+    return {RENAMED_DATA_OPTIONS.get(key, key): value for key, value in hparams.items()}
 
 
 def projector_slot(regularizers: list[dict]) -> int | None:

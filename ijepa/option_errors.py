@@ -21,6 +21,7 @@ import lightning as L
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 
+from ijepa.legacy import RENAMED_DATA_OPTIONS
 from ijepa.registry import concrete_subclasses
 
 PACKAGE = Path(__file__).resolve().parent
@@ -70,7 +71,7 @@ class IJEPAArgumentParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
         parser = getattr(ex, "subcommand_parser", None) or self
-        headline = parse_error_headline(parser, message, ex)
+        headline = parse_error_headline(parser, message, ex) or renamed_option_headline(message)
         if headline:
             message = f"{headline}\n{message}"
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):
@@ -114,6 +115,14 @@ def duplicate_keys(text: str) -> list[tuple[object, int, int]]:
     finally:
         loader.dispose()
     return sorted(loader.repeated, key=lambda found: found[2])
+
+
+def renamed_option_headline(message: str) -> str | None:
+    """``data.<old> is now data.<new>`` when a parse error is about a renamed option (:mod:`ijepa.legacy`)."""
+    for old, new in RENAMED_DATA_OPTIONS.items():
+        if re.search(rf"\b{old}\b", message):
+            return f"data.{old} is now called data.{new} (the same option): rename it in your config or flag"
+    return None
 
 
 def parse_error_headline(parser, message: str, ex: Exception | None) -> str | None:

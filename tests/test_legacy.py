@@ -8,11 +8,19 @@ import re
 
 import pytest
 import torch
-from conftest import ROOT, TINY_MODEL
+from conftest import ROOT, TINY_CONFIG, TINY_MODEL
 
+from ijepa.cli import main
+from ijepa.data import IJEPADataModule
 from ijepa.evaluation.encoders import open_encoder
 from ijepa.interop import load_encoder
-from ijepa.legacy import REGULARIZER_OPTIONS, RENAMED_POSITIONS, upgrade_hparams, upgrade_state_dict
+from ijepa.legacy import (
+    REGULARIZER_OPTIONS,
+    RENAMED_POSITIONS,
+    upgrade_data_hparams,
+    upgrade_hparams,
+    upgrade_state_dict,
+)
 from ijepa.module import IJEPA
 from ijepa.regularizers import SIGReg, VarianceCovariance
 
@@ -83,10 +91,24 @@ def test_every_load_path_reads_an_old_checkpoint_as_the_model_that_wrote_it(tmp_
 
 def test_no_module_but_ijepa_legacy_names_an_old_format():
     # names only an old format has (the benchmark prints its own sigreg_weight; studies name variants)
-    old = re.compile(r"learned_3d|sigreg_projector|sigreg_slices|varcov_input")
+    old = re.compile(r"learned_3d|sigreg_projector|sigreg_slices|varcov_input|knn_batch_size")
     found = [
         str(path.relative_to(ROOT))
         for path in (ROOT / "ijepa").rglob("*.py")
         if path.name != "legacy.py" and old.search(path.read_text())
     ]
     assert found == []
+
+
+def test_knn_batch_size_reads_as_probe_batch_size_in_a_checkpoint_and_is_named_in_a_config(tmp_path, capsys):
+    assert upgrade_data_hparams({"knn_batch_size": 8, "batch_size": 4}) == {"probe_batch_size": 8, "batch_size": 4}
+    assert IJEPADataModule(**upgrade_data_hparams({"knn_batch_size": 8})).hparams.probe_batch_size == 8
+    (tmp_path / "old.yaml").write_text("data:\n  knn_batch_size: 8\n")
+    for old in (["--data.knn_batch_size=8"], ["--config", str(tmp_path / "old.yaml")]):
+        with pytest.raises(SystemExit) as exit:
+            main(["fit", "--config", str(TINY_CONFIG), *old])
+        assert exit.value.code == 2
+        assert capsys.readouterr().err.splitlines()[0] == (
+            "error: data.knn_batch_size is now called data.probe_batch_size (the same option): rename it in your "
+            "config or flag"
+        )

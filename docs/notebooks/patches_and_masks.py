@@ -59,7 +59,7 @@ def _(configs, mo):
 def _(config, instantiate, mo, overrides):
     _model, datamodule = instantiate(config.value, overrides.value.split())
     datamodule.setup("validate")
-    dataset = datamodule.split("knn_test")
+    dataset = datamodule.split("probe_test")
     hp = datamodule.hparams
     grid_size = hp.image_size // hp.patch_size
     mo.md(

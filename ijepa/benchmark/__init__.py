@@ -296,14 +296,14 @@ def run(args: argparse.Namespace) -> dict:
         if args.knn_limit:
             bank, queries = min(bank, args.knn_limit), min(queries, args.knn_limit)
         model.eval()
-        eval_batch = torch.randn(hp.knn_batch_size, 3, hp.image_size, hp.image_size, device=device)
+        eval_batch = torch.randn(hp.probe_batch_size, 3, hp.image_size, hp.image_size, device=device)
 
         def probe(_: int) -> None:
             features = []
             with autocast:
-                for start in range(0, bank + queries, hp.knn_batch_size):
+                for start in range(0, bank + queries, hp.probe_batch_size):
                     features.append(
-                        model.features(eval_batch[: min(hp.knn_batch_size, bank + queries - start)]).float()
+                        model.features(eval_batch[: min(hp.probe_batch_size, bank + queries - start)]).float()
                     )
             features = torch.cat(features)
             labels = torch.randint(0, 10, (bank,), device=device)

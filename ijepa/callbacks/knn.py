@@ -10,8 +10,8 @@ from ijepa.nn.checks import check_range
 class KNNProbe(Probe):
     """Score mean-pooled encoder features with a cosine-weighted k-NN classifier.
 
-    The bank is the labeled train split (``datamodule.knn_train_dataloader()``), the queries the
-    held-out split (``datamodule.knn_test_dataloader()``); images labelled ``-1`` (unlabeled) never
+    The bank is the labeled train split (``datamodule.probe_train_dataloader()``), the queries the
+    held-out split (``datamodule.probe_test_dataloader()``); images labelled ``-1`` (unlabeled) never
     enter. When it runs, what it logs (``val/knn_top1``, ``test/knn_top1``) and its standing down
     on unlabelled data: :class:`ijepa.callbacks.probe.Probe` (the default ``every_n_epochs: 1``
     probes at every validation, whatever ``check_val_every_n_epoch`` is).

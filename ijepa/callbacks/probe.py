@@ -158,18 +158,18 @@ class Probe(Callback):
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
         """The probe's score of the current encoder on the datamodule's probe splits."""
         datamodule = trainer.datamodule
-        if datamodule is None or not hasattr(datamodule, "knn_train_dataloader"):
+        if datamodule is None or not hasattr(datamodule, "probe_train_dataloader"):
             raise ValueError(
-                f"{type(self).__name__} needs a datamodule with knn_train_dataloader() and knn_test_dataloader()."
+                f"{type(self).__name__} needs a datamodule with probe_train_dataloader() and probe_test_dataloader()."
             )
         was_training = pl_module.training
         pl_module.eval()
         options = self.feature_options()
         bank, bank_labels = extract_features(
-            trainer, pl_module, datamodule.knn_train_dataloader(), self.encoder, **options
+            trainer, pl_module, datamodule.probe_train_dataloader(), self.encoder, **options
         )
         queries, query_labels = extract_features(
-            trainer, pl_module, datamodule.knn_test_dataloader(), self.encoder, **options
+            trainer, pl_module, datamodule.probe_test_dataloader(), self.encoder, **options
         )
         pl_module.train(was_training)
         return self.score(bank, bank_labels, queries, query_labels, datamodule.num_classes)

@@ -35,8 +35,8 @@ class IJEPADataModule(L.LightningDataModule):
     need ``num_frames > 0`` (linked from ``model.num_frames`` by the CLI): batches then hold clips
     ``[B, 3, T, H, W]`` under ``images`` and spatio-temporal masks.
 
-    ``probe_source`` (any source, optional): a labelled source whose ``knn_train`` /
-    ``knn_test`` splits replace the source's for the probes and set ``num_classes``, e.g. a
+    ``probe_source`` (any source, optional): a labelled source whose ``probe_train`` /
+    ``probe_test`` splits replace the source's for the probes and set ``num_classes``, e.g. a
     labelled folder while an unlabelled ``source`` is pretrained on.
 
     ``num_classes`` is set by ``setup``; below 2 the data is unlabelled and the probes skip.
@@ -45,8 +45,8 @@ class IJEPADataModule(L.LightningDataModule):
 
     Loaders: ``train_dataloader`` / ``val_dataloader`` / ``test_dataloader`` yield masked batches
     (:class:`~ijepa.data.batch.GridBatch` or ``ClipBatch`` from :class:`ijepa.data.collate.MaskCollator`,
-    :class:`~ijepa.data.batch.PackedBatch` with ``native_sides``); ``knn_train_dataloader`` /
-    ``knn_test_dataloader`` / ``predict_dataloader`` yield :class:`~ijepa.data.batch.LabeledBatch`
+    :class:`~ijepa.data.batch.PackedBatch` with ``native_sides``); ``probe_train_dataloader`` /
+    ``probe_test_dataloader`` / ``predict_dataloader`` yield :class:`~ijepa.data.batch.LabeledBatch`
     (images, labels) with the evaluation transform.
     ``patch_size`` is linked from the model by the CLI, so the mask grid and the model's patch
     grid cannot disagree.
@@ -74,7 +74,7 @@ class IJEPADataModule(L.LightningDataModule):
         masks_per_image: mask sets sampled per pretraining image; the model predicts each from its
             own context against one target-encoder pass (data2vec 2.0's multi-mask). Validation
             batches keep one, so ``val/loss`` does not depend on it.
-        knn_batch_size: batch size of the probes' feature extraction.
+        probe_batch_size: batch size of the probes' feature extraction.
         seed: seed of the generated data and, mixed with the run's seed, of order, augmentations
             and masks.
         num_frames: frames per clip (clip sources; linked to ``model.num_frames`` by the CLI);
@@ -114,7 +114,7 @@ class IJEPADataModule(L.LightningDataModule):
         min_keep: int = 4,
         context_policy: str = "thin",
         masks_per_image: int = 1,
-        knn_batch_size: int = 256,
+        probe_batch_size: int = 256,
         seed: int = 0,
         num_frames: int = 0,
         tubelet_size: int = 2,
@@ -131,7 +131,7 @@ class IJEPADataModule(L.LightningDataModule):
         # by PackedMaskCollator, below. data.seed takes any int.
         for name, value, low in (
             ("batch_size", batch_size, 1),
-            ("knn_batch_size", knn_batch_size, 1),
+            ("probe_batch_size", probe_batch_size, 1),
             ("masks_per_image", masks_per_image, 1),
             ("num_workers", num_workers, 0),
             ("num_frames", num_frames, 0),
@@ -305,7 +305,7 @@ class IJEPADataModule(L.LightningDataModule):
                 f"data.probe_source={self.probe_source!r} must hold labelled {kind} for the probes: at least two "
                 f"classes, got {probe.num_classes}."
             )
-        self._splits.update(knn_train=probe.knn_train, knn_test=probe.knn_test)
+        self._splits.update(probe_train=probe.probe_train, probe_test=probe.probe_test)
         self.num_classes = probe.num_classes
 
     def _check_batch_size(self) -> None:
@@ -322,7 +322,7 @@ class IJEPADataModule(L.LightningDataModule):
             )
 
     def split(self, name: str) -> Dataset:
-        """One of the datasets ``pretrain``, ``val``, ``knn_train``, ``knn_test``."""
+        """One of the datasets ``pretrain``, ``val``, ``probe_train``, ``probe_test``."""
         if not self._splits:
             self.setup()
         return self._splits[name]
@@ -400,16 +400,16 @@ class IJEPADataModule(L.LightningDataModule):
         return self.val_dataloader()
 
     def predict_dataloader(self) -> DataLoader:
-        return self.knn_test_dataloader()
+        return self.probe_test_dataloader()
 
-    def knn_train_dataloader(self) -> DataLoader:
+    def probe_train_dataloader(self) -> DataLoader:
         """Labelled bank for the k-NN probe, evaluation transform, :class:`~ijepa.data.batch.LabeledBatch`."""
         return self._loader(
-            self.split("knn_train"), self.hparams.knn_batch_size, False, labeled_collate, persistent=False
+            self.split("probe_train"), self.hparams.probe_batch_size, False, labeled_collate, persistent=False
         )
 
-    def knn_test_dataloader(self) -> DataLoader:
+    def probe_test_dataloader(self) -> DataLoader:
         """Held-out labelled queries for the k-NN probe."""
         return self._loader(
-            self.split("knn_test"), self.hparams.knn_batch_size, False, labeled_collate, persistent=False
+            self.split("probe_test"), self.hparams.probe_batch_size, False, labeled_collate, persistent=False
         )

@@ -5,7 +5,7 @@ augmentation, masks) and asks its source for four splits (:meth:`DataSource.spli
 
 * ``pretrain``: what the encoder is trained on (training transform);
 * ``val``: held-out items for ``val/loss`` (evaluation transform);
-* ``knn_train`` / ``knn_test``: the probes' labelled bank and queries (evaluation transform).
+* ``probe_train`` / ``probe_test``: the probes' labelled bank and queries (evaluation transform).
 
 A source is chosen in YAML by ``class_path`` and owns its options::
 
@@ -37,7 +37,7 @@ from ijepa.data.video_folder import VideoFolderClips
 from ijepa.nn.checks import check_range
 from ijepa.registry import class_path, concrete_subclasses, from_config
 
-SPLIT_NAMES = ("pretrain", "val", "knn_train", "knn_test")
+SPLIT_NAMES = ("pretrain", "val", "probe_train", "probe_test")
 
 
 @dataclass
@@ -71,8 +71,8 @@ class Splits:
 
     pretrain: Dataset
     val: Dataset
-    knn_train: Dataset
-    knn_test: Dataset
+    probe_train: Dataset
+    probe_test: Dataset
     num_classes: int
 
     def as_dict(self) -> dict[str, Dataset]:
@@ -355,9 +355,9 @@ class ShapesSource(DataSource):
         train_set = make("train", self.train_size, settings.train_transform)
         val_set = make("val", self.val_size, settings.eval_transform)
         # The k-NN bank is the train split under the evaluation transform: same rendered images.
-        knn_train_set = copy.copy(train_set)
-        knn_train_set.transform = settings.eval_transform
-        return Splits(train_set, val_set, knn_train_set, val_set, train_set.num_classes)
+        probe_train_set = copy.copy(train_set)
+        probe_train_set.transform = settings.eval_transform
+        return Splits(train_set, val_set, probe_train_set, val_set, train_set.num_classes)
 
 
 class MovingShapesSource(DataSource):

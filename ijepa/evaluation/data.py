@@ -62,7 +62,7 @@ class EvalData:
 
     Args:
         source: any :class:`~ijepa.data.sources.DataSource` with labels (``class_path``, as in
-            ``ijepa fit``): its ``knn_train`` split is the train split here, ``knn_test`` the test
+            ``ijepa fit``): its ``probe_train`` split is the train split here, ``probe_test`` the test
             split. A source of clips (``MovingShapesSource``, ``VideoFolderSource``) needs a clip
             checkpoint (``model.num_frames > 0``), an image source an image checkpoint.
         image_size: side of the evaluated images (or frames); null: the encoder's own. Another
@@ -202,7 +202,7 @@ class EvalData:
                 "labelled images, e.g. an ImageFolderSource with one sub-folder per class."
             )
         self.num_classes = splits.num_classes
-        return splits.knn_train, splits.knn_test
+        return splits.probe_train, splits.probe_test
 
     def describe(self, size: int) -> dict:
         """What the features of this data depend on besides the encoder: the results file's

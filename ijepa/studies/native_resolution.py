@@ -34,6 +34,7 @@ import torch
 from ijepa.cli import IJEPACLI
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.sources import source_from_config
+from ijepa.legacy import upgrade_data_hparams
 from ijepa.module import IJEPA
 from ijepa.studies.resolution import knn_top1, load_at
 
@@ -96,7 +97,11 @@ def probe(path: Path, image_sizes: list[int], patch_sizes: list[int]) -> dict[st
     """k-NN top-1 of a checkpoint at each image size (its patch size) and each patch size (its
     image size)."""
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    data = {k: v for k, v in checkpoint["datamodule_hyper_parameters"].items() if not k.startswith("_")}
+    data = {
+        k: v
+        for k, v in upgrade_data_hparams(checkpoint["datamodule_hyper_parameters"]).items()
+        if not k.startswith("_")
+    }
     for key in ("source", "probe_source"):
         if data.get(key) is not None:
             data[key] = source_from_config(data[key])

@@ -28,6 +28,7 @@ from ijepa.classifiers import knn_scores
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.sources import source_from_config
 from ijepa.evaluation.encoders import rebuild_at
+from ijepa.legacy import upgrade_data_hparams
 from ijepa.module import IJEPA
 from ijepa.nn.resize import resize_patch, resize_patch_embed_kernel
 
@@ -35,8 +36,8 @@ from ijepa.nn.resize import resize_patch, resize_patch_embed_kernel
 def knn_top1(model: IJEPA, datamodule: IJEPADataModule, k: int = 20, temperature: float = 0.07) -> float:
     """Top-1 k-NN accuracy in [0, 1] of ``model`` on ``datamodule``'s probe splits."""
     model.eval()
-    bank, bank_labels = extract_features(None, model, datamodule.knn_train_dataloader())
-    queries, query_labels = extract_features(None, model, datamodule.knn_test_dataloader())
+    bank, bank_labels = extract_features(None, model, datamodule.probe_train_dataloader())
+    queries, query_labels = extract_features(None, model, datamodule.probe_test_dataloader())
     scores = knn_scores(bank, bank_labels, queries, datamodule.num_classes, k, temperature)
     return float(MulticlassAccuracy(num_classes=datamodule.num_classes, average="micro")(scores, query_labels))
 
@@ -82,7 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     saved = {path: torch.load(path, map_location="cpu", weights_only=True) for path in args.checkpoints}
     data_hparams = {
-        k: v for k, v in next(iter(saved.values()))["datamodule_hyper_parameters"].items() if not k.startswith("_")
+        k: v
+        for k, v in upgrade_data_hparams(next(iter(saved.values()))["datamodule_hyper_parameters"]).items()
+        if not k.startswith("_")
     }
     # checkpoints keep the sources as plain values (class path and options): rebuild the objects
     for key in ("source", "probe_source"):
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.patch_sizes:
         datamodule = IJEPADataModule(**{**data_hparams, "num_workers": 0, "min_keep": 1})
         datamodule.setup("validate")
-        images = next(iter(datamodule.knn_test_dataloader())).images
+        images = next(iter(datamodule.probe_test_dataloader())).images
         model = load_at(saved[args.checkpoints[0]], train_size)
         for patch_size in args.patch_sizes:
             patch_errors[patch_size] = patch_resize_error(model, images, patch_size)

@@ -45,8 +45,8 @@ def probe_scores(model: IJEPA, datamodule) -> dict[str, float]:
     probe callbacks' own :meth:`~ijepa.callbacks.probe.Probe.score` at their defaults (bank: the
     labelled train split; queries: the held-out split)."""
     model.eval()
-    bank, bank_labels = extract_features(None, model, datamodule.knn_train_dataloader(), encoder="online")
-    queries, query_labels = extract_features(None, model, datamodule.knn_test_dataloader(), encoder="online")
+    bank, bank_labels = extract_features(None, model, datamodule.probe_train_dataloader(), encoder="online")
+    queries, query_labels = extract_features(None, model, datamodule.probe_test_dataloader(), encoder="online")
     model.train()
     data = (bank, bank_labels, queries, query_labels, datamodule.num_classes)
     return {"knn_top1": KNNProbe().score(*data), "linear_top1": LinearProbe().score(*data)}
@@ -66,7 +66,7 @@ def train_supervised(model: IJEPA, datamodule, steps: int, seed: int) -> dict[st
         lr=hp.lr,
         betas=tuple(hp.betas),
     )
-    bank = datamodule.knn_train_dataloader()
+    bank = datamodule.probe_train_dataloader()
     loader = DataLoader(
         bank.dataset,
         batch_size=datamodule.hparams.batch_size,

@@ -70,7 +70,7 @@ def stl_module(root: Path, **overrides) -> IJEPADataModule:
         image_size=STL_SIZE,
         patch_size=8,
         batch_size=8,
-        knn_batch_size=8,
+        probe_batch_size=8,
         num_workers=0,
         crop_scale=None,
     )
@@ -90,10 +90,10 @@ def test_stl10_splits_sizes_and_labels(stl_root):
     dm.setup("fit")
     assert dm.num_classes == 10
     assert len(dm.split("pretrain")) == len(TRAIN_IDS) + len(UNLABELED_IDS) == 50
-    assert len(dm.split("knn_train")) == 20
-    assert len(dm.split("knn_test")) == 10
+    assert len(dm.split("probe_train")) == 20
+    assert len(dm.split("probe_test")) == 10
     assert len(dm.split("val")) == 10
-    assert list(dm.split("knn_train").classes) == list(STL_CLASSES)
+    assert list(dm.split("probe_train").classes) == list(STL_CLASSES)
 
 
 def test_stl10_images_read_back_exactly_with_orientation(stl_root):
@@ -135,7 +135,7 @@ def test_stl10_train_loader_end_to_end(stl_root):
 def test_stl10_knn_loaders_are_labelled_only(stl_root):
     dm = stl_module(stl_root)
     dm.setup("fit")
-    for loader, ids in ((dm.knn_train_dataloader(), TRAIN_IDS), (dm.knn_test_dataloader(), TEST_IDS)):
+    for loader, ids in ((dm.probe_train_dataloader(), TRAIN_IDS), (dm.probe_test_dataloader(), TEST_IDS)):
         seen, labels = [], []
         for batch in loader:
             assert type(batch) is LabeledBatch
@@ -249,7 +249,7 @@ def folder_module(root: Path, **overrides) -> IJEPADataModule:
         image_size=32,
         patch_size=4,
         batch_size=4,
-        knn_batch_size=5,
+        probe_batch_size=5,
         num_workers=0,
         crop_scale=None,
     )
@@ -262,28 +262,28 @@ def test_imagefolder_flat_holdout_is_disjoint_balanced_and_deterministic(tmp_pat
     dm = folder_module(tmp_path, holdout_fraction=0.2)
     dm.setup("fit")
     assert dm.num_classes == 3
-    splits = {name: dm.split(name) for name in ("pretrain", "val", "knn_train", "knn_test")}
+    splits = {name: dm.split(name) for name in ("pretrain", "val", "probe_train", "probe_test")}
     assert all(isinstance(s, Subset) for s in splits.values())
-    pretrain, test = set(splits["pretrain"].indices), set(splits["knn_test"].indices)
+    pretrain, test = set(splits["pretrain"].indices), set(splits["probe_test"].indices)
     assert not pretrain & test
     assert pretrain | test == set(range(30))
-    assert set(splits["knn_train"].indices) == pretrain
+    assert set(splits["probe_train"].indices) == pretrain
     assert set(splits["val"].indices) == test
     assert len(test) == 6  # 20% of 30
-    targets = splits["knn_test"].dataset.targets
+    targets = splits["probe_test"].dataset.targets
     assert sorted(targets[i] for i in test) == [0, 0, 1, 1, 2, 2]  # every class, balanced
 
     again = folder_module(tmp_path, holdout_fraction=0.2)
     again.setup("fit")
-    assert list(again.split("knn_test").indices) == list(splits["knn_test"].indices)
+    assert list(again.split("probe_test").indices) == list(splits["probe_test"].indices)
     assert list(again.split("pretrain").indices) == list(splits["pretrain"].indices)
 
     # the loaders really serve those images: k-NN queries never come from the pretrain subset
-    files = splits["knn_test"].dataset.samples
+    files = splits["probe_test"].dataset.samples
     pretrain_files = {files[i][0] for i in pretrain}
     test_files = {files[i][0] for i in test}
     assert not pretrain_files & test_files
-    labels = torch.cat([b.labels for b in dm.knn_test_dataloader()])
+    labels = torch.cat([b.labels for b in dm.probe_test_dataloader()])
     assert sorted(labels.tolist()) == [0, 0, 1, 1, 2, 2]
     total = 0
     for batch in dm.train_dataloader():
@@ -296,7 +296,7 @@ def test_imagefolder_images_match_their_labels(tmp_path):
     write_image_folder(tmp_path, per_class=10)
     dm = folder_module(tmp_path)
     dm.setup("fit")
-    for batch in dm.knn_train_dataloader():
+    for batch in dm.probe_train_dataloader():
         assert type(batch) is LabeledBatch
         pixels = to_uint8(batch.images).int()
         assert batch.images.shape[1:] == (3, 32, 32)
@@ -311,18 +311,18 @@ def test_imagefolder_train_val_layout_uses_the_folders(tmp_path, held_out):
     dm = folder_module(tmp_path)
     dm.setup("fit")
     assert dm.num_classes == 3
-    assert len(dm.split("pretrain")) == len(dm.split("knn_train")) == 12
-    assert len(dm.split("val")) == len(dm.split("knn_test")) == 6
-    assert list(dm.split("knn_train").classes) == list(FOLDER_CLASSES)
+    assert len(dm.split("pretrain")) == len(dm.split("probe_train")) == 12
+    assert len(dm.split("val")) == len(dm.split("probe_test")) == 6
+    assert list(dm.split("probe_train").classes) == list(FOLDER_CLASSES)
 
     def markers(loader) -> set[int]:
         return {int(m) for b in loader for m in to_uint8(b.images)[:, 0, 0, 0]}
 
     assert markers(dm.train_dataloader()) == {10}
-    assert markers(dm.knn_train_dataloader()) == {10}
-    assert markers(dm.knn_test_dataloader()) == {200}
+    assert markers(dm.probe_train_dataloader()) == {10}
+    assert markers(dm.probe_test_dataloader()) == {200}
     assert markers(dm.val_dataloader()) == {200}
-    labels = sorted(int(label) for b in dm.knn_test_dataloader() for label in b.labels)
+    labels = sorted(int(label) for b in dm.probe_test_dataloader() for label in b.labels)
     assert labels == [0, 0, 1, 1, 2, 2]
 
 
@@ -331,7 +331,7 @@ def test_imagefolder_train_alone_holds_out_from_train(tmp_path):
     dm = folder_module(tmp_path, holdout_fraction=0.3)
     dm.setup("fit")
     assert dm.num_classes == 3  # the class folders, not "train" as a single class
-    assert len(dm.split("knn_test")) == 9 and len(dm.split("pretrain")) == 21
+    assert len(dm.split("probe_test")) == 9 and len(dm.split("pretrain")) == 21
 
 
 def test_imagefolder_val_without_train_is_an_error(tmp_path):
@@ -353,7 +353,7 @@ def shapes_module(**overrides) -> IJEPADataModule:
         image_size=32,
         patch_size=4,
         batch_size=4,
-        knn_batch_size=6,
+        probe_batch_size=6,
         num_workers=0,
     )
     kwargs.update(overrides)
@@ -365,8 +365,8 @@ def test_shapes_loaders():
     dm.num_classes = -1  # setup must set it from the dataset
     dm.setup("fit")
     assert dm.num_classes == dm.split("pretrain").num_classes == 10
-    assert len(dm.split("pretrain")) == len(dm.split("knn_train")) == 20
-    assert len(dm.split("val")) == len(dm.split("knn_test")) == 10
+    assert len(dm.split("pretrain")) == len(dm.split("probe_train")) == 20
+    assert len(dm.split("val")) == len(dm.split("probe_test")) == 10
 
     train = list(dm.train_dataloader())
     assert len(train) == 5
@@ -379,23 +379,23 @@ def test_shapes_loaders():
     for batch in val:
         check_masked_batch(batch, batch.images.size(0), 32, 64)
 
-    knn = list(dm.knn_train_dataloader())
+    knn = list(dm.probe_train_dataloader())
     assert sum(b.images.size(0) for b in knn) == 20
     for batch in knn:
         assert type(batch) is LabeledBatch
         assert batch.images.dtype == torch.float32 and batch.images.shape[1:] == (3, 32, 32)
     labels = torch.cat([b.labels for b in knn])
-    assert labels.tolist() == dm.split("knn_train").targets  # unshuffled, in order
-    knn_test = list(dm.knn_test_dataloader())
-    assert all(type(b) is LabeledBatch for b in knn_test)
-    assert sum(b.images.size(0) for b in knn_test) == 10
+    assert labels.tolist() == dm.split("probe_train").targets  # unshuffled, in order
+    probe_test = list(dm.probe_test_dataloader())
+    assert all(type(b) is LabeledBatch for b in probe_test)
+    assert sum(b.images.size(0) for b in probe_test) == 10
 
 
 def test_shapes_eval_loaders_are_deterministic():
     dm = shapes_module()
     dm.setup("fit")
-    first = torch.cat([b.images for b in dm.knn_test_dataloader()])
-    second = torch.cat([b.images for b in dm.knn_test_dataloader()])
+    first = torch.cat([b.images for b in dm.probe_test_dataloader()])
+    second = torch.cat([b.images for b in dm.probe_test_dataloader()])
     torch.testing.assert_close(first, second, rtol=0, atol=0)
 
 
@@ -444,7 +444,7 @@ def test_image_size_not_divisible_by_patch_size():
     "kwargs, name",
     [
         (dict(batch_size=0), "batch_size"),
-        (dict(knn_batch_size=0), "knn_batch_size"),
+        (dict(probe_batch_size=0), "probe_batch_size"),
         (dict(num_workers=-1), "num_workers"),
         (dict(masks_per_image=0), "masks_per_image"),
         (dict(crop_scale=(0.5, 0.2)), "crop_scale"),
@@ -498,7 +498,7 @@ def test_unreadable_image_is_an_error_naming_the_file_and_the_option(tmp_path):
     dm = folder_module(tmp_path)
     dm.setup("fit")
     with pytest.raises(ValueError, match=f"unreadable image {truncated}.*data.source.bad_images=skip"):
-        for _ in dm.knn_train_dataloader():
+        for _ in dm.probe_train_dataloader():
             pass
 
 
@@ -509,12 +509,12 @@ def test_unreadable_images_are_skipped_and_counted_with_a_warning(tmp_path, num_
     dm = folder_module(tmp_path, bad_images="skip", num_workers=num_workers)
     dm.setup("fit")
     with pytest.warns(UserWarning, match="skipping unreadable image") if num_workers == 0 else contextlib.nullcontext():
-        train_batches, knn_batches = list(dm.train_dataloader()), list(dm.knn_train_dataloader())
+        train_batches, knn_batches = list(dm.train_dataloader()), list(dm.probe_train_dataloader())
     assert all(torch.isfinite(b.images).all() for b in train_batches + knn_batches)
     # a skipped file is replaced by the next readable one: no short batches, no lost positions
-    assert sum(b.images.size(0) for b in knn_batches) == len(dm.split("knn_train"))
+    assert sum(b.images.size(0) for b in knn_batches) == len(dm.split("probe_train"))
     if num_workers == 0:
-        base = dm.split("knn_train").dataset
+        base = dm.split("probe_train").dataset
         assert len(base.skipped) == 2
 
 

@@ -83,12 +83,12 @@ def test_dense_must_be_a_bool():
 def test_a_dense_shapes_source_keeps_dense_in_its_config_and_hands_dense_splits():
     source = ShapesSource(train_size=6, val_size=4, dense=True)
     assert source_from_config(source.config()).dense is True
-    data = tiny_datamodule(source=source, batch_size=4, knn_batch_size=4)
-    for name in ("pretrain", "val", "knn_train", "knn_test"):
+    data = tiny_datamodule(source=source, batch_size=4, probe_batch_size=4)
+    for name in ("pretrain", "val", "probe_train", "probe_test"):
         image, target = data.split(name)[0]
         assert image.dtype == torch.float32 and image.shape == (3, 32, 32)
         assert target["mask"].dtype == torch.int64 and target["mask"].shape == (32, 32)
-    batch = next(iter(data.knn_train_dataloader()))
+    batch = next(iter(data.probe_train_dataloader()))
     assert isinstance(batch, DenseBatch) and batch.masks.shape == (4, 32, 32)
     pretrain = next(iter(data.train_dataloader()))  # pretraining reads the images of dense samples
     assert pretrain.images.shape == (4, 3, 32, 32) and pretrain.labels.shape == (4,)

@@ -88,9 +88,9 @@ def test_val_folder_uses_train_class_index(tmp_path):
     data = tiny_datamodule(source=ImageFolderSource(root=str(two_class_folder(tmp_path))), batch_size=4)
     data.setup("fit")
     assert data.num_classes == 2
-    square = data.split("knn_train").class_to_idx["square"]
+    square = data.split("probe_train").class_to_idx["square"]
     assert square == 1
-    assert data.split("knn_test").targets == [square] * 4
+    assert data.split("probe_test").targets == [square] * 4
     assert data.split("val").class_to_idx == {"circle": 0, "square": 1}
 
 
@@ -136,7 +136,7 @@ def test_video_val_folder_uses_train_class_index(tmp_path):
         target_scale=(0.1, 0.15),
     )
     data.setup("fit")
-    assert data.num_classes == 2 and data.split("knn_test").targets == [1]
+    assert data.num_classes == 2 and data.split("probe_test").targets == [1]
     (tmp_path / "val" / "c").mkdir()
     write_video(tmp_path / "val" / "c" / "0.mp4", 8, 10, size=16)
     with pytest.raises(ValueError, match=r"\['c'\] under .*val are not among"):
@@ -312,7 +312,7 @@ def test_probe_source_gives_the_probes_a_labelled_folder(tmp_path):
     )
     data = cli.datamodule
     assert len(data.split("pretrain")) == 16 and data.num_classes == 2
-    assert len(data.split("knn_train")) == 16 and data.split("knn_test").targets == [1] * 4
+    assert len(data.split("probe_train")) == 16 and data.split("probe_test").targets == [1] * 4
     assert float(cli.trainer.callback_metrics["val/knn_top1"]) == 1.0
 
 
@@ -400,7 +400,7 @@ def folder_data(root: Path, **source) -> IJEPADataModule:
 
 def every_sample(data: IJEPADataModule) -> list[tuple[str, int]]:
     """The ``(path, label)`` of every image the fit splits hold (pretrain and held out)."""
-    pretrain, held_out = data.split("pretrain"), data.split("knn_test")
+    pretrain, held_out = data.split("pretrain"), data.split("probe_test")
     return [pretrain.dataset.samples[i] for i in pretrain.indices] + [
         held_out.dataset.samples[i] for i in held_out.indices
     ]
@@ -508,8 +508,8 @@ def bomb_folder(root: Path, kind: str, monkeypatch) -> tuple[Path, int, int]:
 
 def read_everything(data: IJEPADataModule) -> dict[str, int]:
     """The images each loader of a fit gives, by split: every image is read by one of them."""
-    loaders = {"pretrain": data.train_dataloader, "knn_train": data.knn_train_dataloader}
-    loaders["knn_test"] = data.knn_test_dataloader
+    loaders = {"pretrain": data.train_dataloader, "probe_train": data.probe_train_dataloader}
+    loaders["probe_test"] = data.probe_test_dataloader
     return {name: sum(batch.images.size(0) for batch in loader()) for name, loader in loaders.items()}
 
 
@@ -537,5 +537,5 @@ def test_an_image_too_large_to_decode_is_skipped_and_counted_under_skip(tmp_path
     with pytest.warns(UserWarning, match=rf"skipping unreadable image {bomb} \({pixels} pixels"):
         read = read_everything(data)
     # a skipped image is replaced by the next readable one: no batch comes up short
-    assert read["knn_train"] == len(data.split("knn_train")) and read["knn_test"] == len(data.split("knn_test"))
-    assert data.split("knn_train").dataset.skipped == {str(bomb)}
+    assert read["probe_train"] == len(data.split("probe_train")) and read["probe_test"] == len(data.split("probe_test"))
+    assert data.split("probe_train").dataset.skipped == {str(bomb)}

@@ -47,7 +47,7 @@ def test_every_split_of_shards_equals_the_image_folder_split(folder_and_shards):
     ours.setup("fit")
     theirs.setup("fit")
     assert ours.num_classes == theirs.num_classes == 2
-    for name in ("pretrain", "val", "knn_train", "knn_test"):
+    for name in ("pretrain", "val", "probe_train", "probe_test"):
         a, b = ours.split(name), theirs.split(name)
         assert len(a) == len(b)
         for index in range(len(a)):
@@ -60,7 +60,7 @@ def test_train_and_val_folders_are_written_as_two_splits_numbered_by_train(tmp_p
     shards = prepare(tmp_path / "src", tmp_path / "shards")
     data = datamodule(ShardsSource(str(shards)))
     data.setup("fit")
-    assert len(data.split("pretrain")) == 8 and data.split("knn_test").targets == [1, 1]
+    assert len(data.split("pretrain")) == 8 and data.split("probe_test").targets == [1, 1]
 
 
 def test_loose_png_images_are_unlabelled_shards_pretrained_on_whole(tmp_path):
@@ -76,8 +76,8 @@ def test_stl10_splits_written_as_png_shards_give_the_stl10_images_and_labels(tmp
     shards = prepare(tmp_path / "stl", tmp_path / "shards", "--split", "train", "--val-split", "test")
     ours = datamodule(ShardsSource(str(shards)), image_size=96)
     theirs = datamodule(STL10Source(str(tmp_path / "stl")), image_size=96)
-    assert ours.split("knn_train").classes == theirs.split("knn_train").classes
-    for name in ("knn_train", "knn_test"):
+    assert ours.split("probe_train").classes == theirs.split("probe_train").classes
+    for name in ("probe_train", "probe_test"):
         a, b = ours.split(name), theirs.split(name)
         assert len(a) == len(b) > 0
         for index in range(len(a)):

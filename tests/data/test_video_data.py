@@ -106,7 +106,7 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
     # the shown frames' own times: 0.2 s apart at 5 fps from 10 and 20 fps sources, any start
     torch.testing.assert_close(batch.frame_times, torch.tensor([[0.0, 0.2, 0.4, 0.6]]).expand(4, -1))
     assert batch.context_indices.max() < 2 * 4 * 4
-    probe = next(iter(data.knn_test_dataloader()))
+    probe = next(iter(data.probe_test_dataloader()))
     assert probe.images.shape == (4, 3, 4, 16, 16) and probe.frame_times.shape == (4, 4)
     # by stride, each video's own rate sets the times
     data = IJEPADataModule(
@@ -118,7 +118,7 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
         num_workers=0,
     )
     data.setup("fit")
-    gaps = next(iter(data.knn_test_dataloader())).frame_times.diff(dim=1)
+    gaps = next(iter(data.probe_test_dataloader())).frame_times.diff(dim=1)
     assert sorted({round(g, 3) for g in gaps.flatten().tolist()}) == [0.1, 0.2]
     with pytest.raises(ValueError, match="fps must be > 0"):
         IJEPADataModule(source=VideoFolderSource(fps=-1.0), num_frames=4)
@@ -133,7 +133,7 @@ def test_moving_shapes_with_a_frame_rate_carry_frame_times():
     clips = dict(num_frames=4, image_size=16, patch_size=4, batch_size=4, min_keep=4)
     data = tiny_datamodule(source=MovingShapesSource(train_size=8, val_size=8, fps=12.5), **clips)
     data.setup("fit")
-    for batch in (next(iter(data.train_dataloader())), next(iter(data.knn_train_dataloader()))):
+    for batch in (next(iter(data.train_dataloader())), next(iter(data.probe_train_dataloader()))):
         torch.testing.assert_close(batch.frame_times[0], torch.tensor([0.0, 0.08, 0.16, 0.24]))
     plain = tiny_datamodule(source=MovingShapesSource(train_size=8, val_size=8), **clips)
     plain.setup("fit")

@@ -137,7 +137,7 @@ def test_sigreg_keeps_the_features_from_collapsing_dimensionally(tmp_path):
     still mostly its init; docs/training.md shows the quickstart's 600-step version)."""
     data = tiny_datamodule(train_size=640, val_size=160)
     data.setup("fit")
-    images = torch.cat([batch.images for batch in data.knn_test_dataloader()])
+    images = torch.cat([batch.images for batch in data.probe_test_dataloader()])
     final = {}
     for name, extra in (
         ("plain", []),

@@ -39,7 +39,7 @@ def test_video_configs_fit_through_the_cli(tmp_path, name, grid):
                 "--data.source.val_size=32",
                 "--data.batch_size=16",
                 "--data.num_workers=0",
-                "--data.knn_batch_size=32",
+                "--data.probe_batch_size=32",
             ]
         )
     assert cli.trainer.global_step == 2

@@ -459,7 +459,7 @@ def test_datamodule_clip_mode_batches():
     batch = next(iter(data.train_dataloader()))
     assert batch.images.shape == (8, 3, 4, 16, 16) and batch.images.dtype == torch.float32
     assert batch.context_indices.max() < 2 * 4 * 4 and batch.target_indices.max() < 2 * 4 * 4
-    probe_batch = next(iter(data.knn_test_dataloader()))
+    probe_batch = next(iter(data.probe_test_dataloader()))
     assert probe_batch.images.shape[1:] == (3, 4, 16, 16) and data.num_classes == 4
     with pytest.raises(ValueError, match="num_frames must be > 0 exactly for sources of clips"):
         IJEPADataModule(source=MovingShapesSource())
