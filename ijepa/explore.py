@@ -18,6 +18,7 @@ from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
 from ijepa.nn.attention import apply_rotary
 from ijepa.nn.position import AdditivePosition, PositionEncoding
+from ijepa.nn.position.registry import additive_positions
 
 
 def mask_statistics(sampler: MultiBlockMaskSampler, batch_size: int = 64, num_batches: int = 20, seed: int = 0) -> dict:
@@ -51,8 +52,8 @@ def mask_statistics(sampler: MultiBlockMaskSampler, batch_size: int = 64, num_ba
 def _additive_table(position: PositionEncoding) -> torch.Tensor:
     if not isinstance(position, AdditivePosition):
         raise ValueError(
-            f"{type(position).__name__} has no additive table; table maps exist for learned, learned_2d and sincos "
-            "(RoPE: use rope_offset_scores)."
+            f"{type(position).__name__} has no additive table; table maps exist for "
+            f"{', '.join(additive_positions())} (RoPE: use rope_offset_scores)."
         )
     return position.table().detach().float()
 

@@ -35,7 +35,7 @@ from ijepa.data.stl10 import STL10
 from ijepa.data.transforms import ClipToTensor
 from ijepa.data.video_folder import VideoFolderClips
 from ijepa.nn.checks import check_range
-from ijepa.registry import class_path, concrete_subclasses, from_config
+from ijepa.registry import class_path, concrete_subclasses, from_config, import_modules
 
 SPLIT_NAMES = ("pretrain", "val", "probe_train", "probe_test")
 
@@ -130,8 +130,9 @@ class DataSource(abc.ABC):
 
 
 def source_kinds() -> tuple[type[DataSource], ...]:
-    """The concrete data sources imported so far, in the order they were defined: the registry
-    the CLI's choices and the generated docs read."""
+    """The concrete data sources of every module of ``ijepa.data``, in the order they were
+    defined: the registry the CLI's choices and the generated docs read."""
+    import_modules("ijepa.data")
     return concrete_subclasses(DataSource)
 
 

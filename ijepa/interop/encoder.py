@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from ijepa.legacy import upgrade_hparams
 from ijepa.nn.position import AdditivePosition, NonePosition
+from ijepa.nn.position.registry import additive_positions
 from ijepa.nn.vit import VisionTransformer
 
 # The IJEPA hyperparameters its encoders are built from (ijepa.module.IJEPA.__init__), by name.
@@ -125,8 +126,8 @@ def position_table(encoder: VisionTransformer, target: str) -> torch.Tensor:
     acts = list(position.hooks())
     raise ValueError(
         f"{target} adds one position table to the patch tokens; pos_embed {position.name!r} acts through "
-        f"{acts} and cannot be written as a table. Exportable: the additive members (learned, learned_2d, "
-        "sincos) and none."
+        f"{acts} and cannot be written as a table. Exportable: the additive members "
+        f"({', '.join(additive_positions())}) and none."
     )
 
 

@@ -4,7 +4,8 @@
 ``ijepa.nn.position.POSITION_ENCODINGS``: config name, class, grid, the hooks it acts through,
 its own options (``model.pos_options``) with their defaults, its parameter count on the
 ViT-Tiny/8 grid at 96 px (12 x 12, or 4 x 12 x 12 for clips; width 192, 3 heads) and its
-docstring. A test keeps the docs' copy equal to this output.
+docstring; ``--write`` puts it between the markers of ``docs/position_embeddings.md``. A test
+keeps the docs' copy equal to this output.
 """
 
 from __future__ import annotations
@@ -42,5 +43,16 @@ def block() -> str:
     return f"{BEGIN}\n{table()}\n{END}"
 
 
+def write(path: str = "docs/position_embeddings.md") -> None:
+    """Replace the table between its markers in ``path``."""
+    with open(path) as f:
+        text = f.read()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    with open(path, "w") as f:
+        f.write(text[:start] + block() + text[end:])
+
+
 if __name__ == "__main__":
-    print(block())
+    import sys
+
+    write() if "--write" in sys.argv[1:] else print(block())

@@ -6,7 +6,7 @@ in a file of this package; nothing else lists it."""
 from __future__ import annotations
 
 from ijepa.legacy import position_name
-from ijepa.nn.position.base import PositionEncoding
+from ijepa.nn.position.base import AdditivePosition, PositionEncoding
 from ijepa.nn.resize import Grid
 from ijepa.registry import concrete_subclasses, import_modules
 
@@ -20,6 +20,11 @@ def position_names(dims: int | None = None) -> tuple[str, ...]:
     """Registered config names, in registry order; only those for ``dims``-axis grids if given
     (2: images, 3: clips)."""
     return tuple(name for name, cls in POSITION_ENCODINGS.items() if dims is None or cls.dims == dims)
+
+
+def additive_positions(dims: int = 2) -> tuple[str, ...]:
+    """Registered members that add a table to the tokens (``AdditivePosition``), for ``dims``-axis grids."""
+    return tuple(name for name in position_names(dims) if issubclass(POSITION_ENCODINGS[name], AdditivePosition))
 
 
 def packable_positions() -> tuple[str, ...]:
