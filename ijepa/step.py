@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ijepa.nn.packing import instance_norm_per_image, pooled_per_image
 from ijepa.nn.patch import gather_patches
-from ijepa.objectives import step_targets
+from ijepa.objectives import normalize_targets, step_targets
 
 LOSSES = ("smooth_l1", "mse")
 
@@ -109,8 +109,8 @@ def forward_target_packed(network: torch.nn.Module, full, target_slot: torch.Ten
     ``target_slot`` names, ``-1`` for none) and each image's mean feature ``[B, D]``."""
     features = network.forward_packed(full)
     if norm == "layer":
-        normed = F.layer_norm(features, features.shape[-1:])
-    else:
+        normed = normalize_targets(features, "layer")
+    else:  # over each image's own tokens, wherever the packing put them
         normed = instance_norm_per_image(features, full.image_ids, num_images)
     targets = normed.flatten(0, 1)[target_slot[target_slot >= 0]]
     return targets, pooled_per_image(features, full.image_ids, num_images)
@@ -138,6 +138,10 @@ def prediction_loss(
     loss_fn = F.mse_loss if loss == "mse" else F.smooth_l1_loss
     if mask is None:
         return loss_fn(predictions.float(), targets.float(), reduction=reduction)
+    if reduction != "mean":
+        raise ValueError(
+            f"a target mask gives the mean over its real slots: reduction must be 'mean', got {reduction!r}."
+        )
     per_value = loss_fn(predictions.float(), targets.float(), reduction="none")  # [R * B, M, Kt, D']
     weights = mask.to(per_value.dtype)[..., None]
     return (per_value * weights).sum() / (weights.sum() * per_value.size(-1))

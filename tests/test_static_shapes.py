@@ -71,3 +71,14 @@ def test_static_is_for_images():
 
     with pytest.raises(ValueError, match="'static' is for image masks"):
         SpatioTemporalMaskSampler(2, 4, context_policy="static")
+
+
+def test_a_masked_prediction_loss_is_the_mean_over_real_slots_and_refuses_another_reduction():
+    from ijepa.step import prediction_loss
+
+    predictions, targets = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
+    mask = torch.tensor([[[True, True, False]], [[True, False, False]]])
+    expected = torch.nn.functional.smooth_l1_loss(predictions[mask], targets[mask])
+    torch.testing.assert_close(prediction_loss(predictions, targets, mask=mask), expected)
+    with pytest.raises(ValueError, match="reduction must be 'mean', got 'none'"):
+        prediction_loss(predictions, targets, reduction="none", mask=mask)
