@@ -373,6 +373,18 @@ def refuse_to_load_non_finite(checkpoint: dict, source: str = "the checkpoint") 
         )
 
 
+def refuse_student_without_teacher(checkpoint: dict, source: str, trainer, has_teacher: bool) -> None:
+    """A plain model reads a distilled student's encoders (eval, convert, predict), but to fit or
+    validate one its loss needs the teacher, which only ``ijepa distill`` holds."""
+    stage = str(getattr(trainer.state.fn, "value", "")) if trainer is not None else ""
+    if "distillation" in checkpoint and not has_teacher and stage in ("fit", "validate", "test"):
+        raise ValueError(
+            f"{source} holds a distilled student (teacher={checkpoint['distillation'].get('teacher')!r}), whose "
+            f"loss needs its teacher: run ijepa distill {'' if stage == 'fit' else f'{stage} '}--model.teacher "
+            "TEACHER --ckpt_path ..., or score its encoder with ijepa eval."
+        )
+
+
 def rng_states() -> dict:
     """The global RNG states a resumed run restores. The only global randomness of a step is
     stochastic depth; data order, augmentations and masks are seeded per sample

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -45,6 +46,7 @@ from ijepa.option_errors import (
     innermost_error,
     raised_by_project,
 )
+from ijepa.preflight import check_run
 from ijepa.strategy import FSDP2Strategy  # noqa: F401  (importing it registers trainer.strategy: fsdp2)
 
 # (source, target): the target is set from the source and cannot be set itself. The image size
@@ -85,6 +87,8 @@ class IJEPACLI(LightningCLI):
                 "trainer.max_steps: 0 trains no step (fit would end at once, saving nothing); set it >= 1, or -1 to "
                 "stop by trainer.max_epochs. To score a checkpoint, use ijepa validate or ijepa eval."
             )
+        if subcommand:  # devices, nodes and data folders, before any class is built or process launched
+            check_run(self.config[subcommand])
         if subcommand in ("validate", "test", "predict") and not self.config[subcommand].get("ckpt_path"):
             rank_zero_warn(
                 f"`ijepa {subcommand}` without --ckpt_path evaluates the model's random initialisation; pass "
@@ -96,7 +100,24 @@ class IJEPACLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, OSError, MisconfigurationException) as error:  # Lightning's for trainer options
             raise OptionError(self._option_error_message(error)) from error
+        except RuntimeError as error:
+            if match := re.match(r"Found more than one stateful callback of type `(\w+)`", str(error)):
+                raise OptionError(
+                    f"trainer.callbacks: two {match[1]} callbacks with the same settings would share one entry of the "
+                    f"checkpoint (Lightning's state_key), so one would resume the other's state. Keep one, or make "
+                    "them differ (ModelCheckpoint: monitor, mode, every_n_train_steps, every_n_epochs or "
+                    "train_time_interval)."
+                ) from error
+            raise
         subcommand = self.config.get("subcommand")
+        if subcommand == "fit":  # the logger's own folder (lightning_logs/) can be read-only in a writable root
+            for logger in self.trainer.loggers:
+                folder = getattr(logger, "root_dir", None) or getattr(logger, "save_dir", None)
+                if folder and "://" not in str(folder) and (problem := unwritable(Path(folder))):
+                    raise OptionError(
+                        f"trainer.logger: {type(logger).__name__} cannot write to {folder} ({problem}); make it "
+                        "writable, or point trainer.default_root_dir (or the logger's save_dir) at a writable folder."
+                    )
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         io = self.trainer.strategy.checkpoint_io
         if isinstance(io, AtomicCheckpointIO) and ckpt_path not in (None, "last", "best", "hpc", "registry"):
@@ -196,6 +217,15 @@ class IJEPACLI(LightningCLI):
                 "load its weights with IJEPA.load_state_dict in Python, or start a run from an encoder with the "
                 "ijepa.callbacks.PositionEmbeddingInterpolation callback's init_checkpoint (docs/resolution.md)."
             )
+        if "pytorch-lightning_version" not in checkpoint and not checkpoint.get(convert.WEIGHTS_ONLY_KEY):
+            # a dict of some keys (often only state_dict): Lightning's loader fails on the missing version
+            held = ", ".join(sorted(map(str, checkpoint))[:6]) or "nothing"
+            raise ValueError(
+                f"ckpt_path={ckpt_path!r} holds {held} but no 'pytorch-lightning_version': it is not a checkpoint of "
+                "ijepa fit (no loop, optimizer or schedule state). Load its state_dict with IJEPA.load_state_dict in "
+                "Python, or start a new run from its weights with the ijepa.callbacks.PositionEmbeddingInterpolation "
+                "callback's init_checkpoint (docs/resolution.md)."
+            )
         if subcommand == "fit" and checkpoint.get(convert.WEIGHTS_ONLY_KEY):
             # no optimizer, schedule or step: "resuming" it would silently restart warm-up
             raise ValueError(
@@ -211,7 +241,8 @@ class IJEPACLI(LightningCLI):
                 "train on (the schedules then stretch to the new length)."
             )
         hparams = upgrade_hparams(checkpoint.get("hyper_parameters", {}))
-        hparams = {k: v for k, v in hparams.items() if k not in ("image_size", "patch_size", "_instantiator")}
+        ignored = ("image_size", "patch_size", "_instantiator", *getattr(self.model_class, "SET_BY_TEACHER", ()))
+        hparams = {k: v for k, v in hparams.items() if k not in ignored}
         if not hparams:
             return
         current = self.config[subcommand].model
@@ -333,7 +364,8 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     model_class = IJEPA
     if argv[:1] == ["distill"]:  # `ijepa fit` of a student against a frozen teacher (ijepa.distill)
-        argv, model_class = ["fit", *argv[1:]], DistillIJEPA
+        stage = argv[1:2] if argv[1:2] in (["validate"], ["test"]) else []  # `ijepa distill validate`: with it
+        argv, model_class = [*(stage or ["fit"]), *argv[1 + len(stage) :]], DistillIJEPA
         args = argv
     if argv[:1] == ["convert"]:
         convert.main(argv[1:])

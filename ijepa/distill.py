@@ -13,12 +13,18 @@ another resolution) on the student's images resized to it.
 
 A student's checkpoint is an ordinary :class:`~ijepa.module.IJEPA` checkpoint whose target
 encoder is the student itself (kept equal to it after every step), with ``target_dim`` the
-teacher's width and the teacher under ``distill.*``: ``ijepa eval``, ``ijepa convert``,
-``IJEPA.load_from_checkpoint`` read the student, and ``ijepa distill --ckpt_path`` resumes it.
+teacher's width (in its hyperparameters, however the student was built) and the teacher under
+``distill.*``: ``ijepa eval``, ``ijepa convert`` and ``IJEPA.load_from_checkpoint`` read the
+student; ``ijepa distill --ckpt_path`` resumes it and ``ijepa distill validate --ckpt_path``
+validates it (a plain model refuses to fit or validate it: its loss needs the teacher). The
+checkpoint's ``distillation`` record names the teacher: its path and the SHA-256 of its weights
+(:func:`weights_sha256`); a resume with another teacher is refused (the checkpoint's teacher
+weights would keep teaching under the new one's name).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Literal
 
@@ -26,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ijepa.checkpoint import load_adapted
+from ijepa.checkpoint import load_adapted, refuse_to_load_non_finite
 from ijepa.data.batch import GridBatch, PackedBatch
 from ijepa.interop.encoder import load_encoder, read_torch_file
 from ijepa.interop.huggingface import load_hf
@@ -41,21 +47,46 @@ from ijepa.objectives import StepOutput, step_targets, target_blocks
 OBJECTIVES = ("jepa", "features")
 
 
+def weights_sha256(state_dict: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of a state dict's tensors: each name, dtype, shape and value, in sorted name order.
+    A teacher's identity: the same weights give the same digest at any path, in any file."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        value = state_dict[name]
+        if not torch.is_tensor(value):
+            continue
+        value = value.detach().cpu().contiguous()
+        digest.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
+        digest.update(value.reshape(-1).view(torch.uint8).numpy())  # the bytes, not copied
+    return digest.hexdigest()
+
+
+def checked_teacher(network: VisionTransformer, source: str | Path, prefix: str = "") -> str:
+    """The SHA-256 of a teacher's weights as read (:func:`weights_sha256`), after refusing
+    non-finite ones in one line naming the file and the tensors (``prefix``: their names there)."""
+    state = network.state_dict()
+    refuse_to_load_non_finite({"state_dict": {prefix + k: v for k, v in state.items()}}, f"teacher={str(source)!r}")
+    return weights_sha256(state)
+
+
 def read_teacher(
     source: str | Path, encoder: str = "target", image_size: int | None = None
-) -> tuple[VisionTransformer, str]:
-    """The frozen encoder of a teacher and how it was read: an ``ijepa`` checkpoint (its
-    ``encoder``: ``target`` or ``online``), or a Hugging Face ``IJepaModel`` folder (an official
-    checkpoint: after ``ijepa convert SOURCE teacher.ckpt ckpt``). ``image_size`` (None: the
-    teacher's own) rebuilds it at another resolution, its weights adapted as on any load there
-    (:func:`ijepa.checkpoint.load_adapted`: learned tables interpolated, sin-cos and RoPE rebuilt)."""
+) -> tuple[VisionTransformer, str, str]:
+    """The frozen encoder of a teacher, how it was read and the SHA-256 of its weights as stored
+    (:func:`weights_sha256`, at its own resolution): an ``ijepa`` checkpoint (its ``encoder``:
+    ``target`` or ``online``), or a Hugging Face ``IJepaModel`` folder (an official checkpoint:
+    after ``ijepa convert SOURCE teacher.ckpt ckpt``). Non-finite weights are refused, naming
+    the tensors. ``image_size`` (None: the teacher's own) rebuilds it at another resolution, its
+    weights adapted as on any load there (:func:`ijepa.checkpoint.load_adapted`: learned tables
+    interpolated, sin-cos and RoPE rebuilt)."""
     path = Path(source)
     if encoder not in ("target", "online"):
         raise ValueError(f"teacher_encoder must be 'target' or 'online', got {encoder!r}.")
     if path.is_dir():
         network, kind = load_hf(path), "Hugging Face folder"
+        digest = checked_teacher(network, source)
         if image_size in (None, network.patch_embed.image_size):
-            return network.requires_grad_(False), kind
+            return network.requires_grad_(False), kind, digest
         model = ijepa_from_encoder(network)
         hparams, state = dict(model.hparams), model.state_dict()
     elif path.is_file():
@@ -73,8 +104,10 @@ def read_teacher(
         kind = "ijepa checkpoint"
         if saved["hyper_parameters"].get("num_frames"):
             raise ValueError(f"teacher={str(source)!r} is a clip encoder; ijepa distill takes image encoders.")
+        network = load_encoder(path, encoder)
+        digest = checked_teacher(network, source, "target_encoder." if encoder == "target" else "encoder.")
         if image_size in (None, saved["hyper_parameters"].get("image_size")):
-            return load_encoder(path, encoder), kind
+            return network, kind, digest
         hparams = {k: v for k, v in upgrade_hparams(saved["hyper_parameters"]).items() if not k.startswith("_")}
         state = {k: v for k, v in saved["state_dict"].items() if not k.startswith("distill.")}
     else:
@@ -82,7 +115,7 @@ def read_teacher(
     model = IJEPA(**{**hparams, "image_size": image_size})
     load_adapted(model, {"state_dict": state, "hyper_parameters": hparams}, **model.position_interpolation)
     network = model.target_encoder if encoder == "target" else model.encoder
-    return network.eval().requires_grad_(False), kind
+    return network.eval().requires_grad_(False), kind, digest
 
 
 class Resized(nn.Module):
@@ -124,6 +157,9 @@ class DistillIJEPA(IJEPA):
     """
 
     target_by_ema = False  # a changed objective on resume is caught by the checkpoint's "distillation" record
+    # Hyperparameters the teacher sets: the CLI takes them from this run's teacher, not from a
+    # resumed checkpoint (whose other teacher check_same_teacher then names).
+    SET_BY_TEACHER = ("target_dim",)
 
     def __init__(
         self,
@@ -139,7 +175,7 @@ class DistillIJEPA(IJEPA):
             check_range(teacher_image_size, "teacher_image_size", 1)
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}.")
-        network, kind = read_teacher(teacher, teacher_encoder, teacher_image_size)
+        network, kind, digest = read_teacher(teacher, teacher_encoder, teacher_image_size)
         width = network.embed_dim
         if kwargs.get("target_dim") not in (None, width):
             raise ValueError(
@@ -151,6 +187,7 @@ class DistillIJEPA(IJEPA):
         hp = self.hparams
         for key in ("teacher", "teacher_encoder", "teacher_image_size", "objective", "kwargs"):
             hp.pop(key, None)  # the checkpoint's hyperparameters stay IJEPA's: a plain model loads the student
+        hp["target_dim"] = width  # under the CLI they are its config, where target_dim is unset (None)
         if hp.num_frames or network.is_clip_encoder:
             raise ValueError("ijepa distill takes image encoders: the student (num_frames) and the teacher.")
         if tuple(network.grid) != tuple(self.encoder.grid):
@@ -179,6 +216,7 @@ class DistillIJEPA(IJEPA):
             self.predictor.requires_grad_(False)  # no gradient reaches it: out of the optimizer
         self.distillation = {
             "teacher": str(teacher),
+            "teacher_sha256": digest,
             "teacher_kind": kind,
             "teacher_encoder": teacher_encoder,
             "teacher_image_size": network.image_size if isinstance(network, Resized) else hp.image_size,
@@ -259,6 +297,7 @@ class DistillIJEPA(IJEPA):
                 "the checkpoint is not a distilled student's (no 'distillation' record): ijepa distill resumes only "
                 "its own checkpoints; start from another model's weights with a new run."
             )
+        self.check_same_teacher(saved, checkpoint)
         for key in ("teacher_width", "teacher_depth", "objective"):
             if saved.get(key) != self.distillation[key]:
                 raise ValueError(
@@ -266,3 +305,30 @@ class DistillIJEPA(IJEPA):
                     f"{self.distillation[key]!r}: resume with the checkpoint's teacher and objective."
                 )
         super().on_load_checkpoint(checkpoint)
+
+    def check_same_teacher(self, saved: dict, checkpoint: dict) -> None:
+        """Refuse to resume a student with a teacher other than the one that taught it: the
+        checkpoint's teacher weights (``distill.*``) would keep teaching while its record named
+        this run's teacher. The same weights at another path resume. A checkpoint from before
+        teacher digests were recorded is compared by the teacher weights it holds."""
+        ours, theirs = self.distillation, saved.get("teacher_sha256")
+        if theirs is not None:
+            same = theirs == ours["teacher_sha256"]
+        elif "state_dict" not in checkpoint:  # loaded by a sharded strategy: nothing to compare
+            return
+        else:
+            prefix, current = "distill.teacher.", self.teacher.state_dict()
+            held = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+            same = held.keys() == current.keys() and all(
+                v.shape == current[k].shape and torch.equal(v.cpu(), current[k].cpu()) for k, v in held.items()
+            )
+        if same:
+            return
+        source = f"ckpt_path={str(self.trainer.ckpt_path)!r}" if self._trainer is not None else "the checkpoint"
+        raise ValueError(
+            f"{source} was distilled from teacher={saved.get('teacher')!r} ({saved.get('teacher_encoder')} encoder, "
+            f"weights sha256 {theirs[:12] if theirs else 'not recorded'}), this run's teacher={ours['teacher']!r} "
+            f"({ours['teacher_encoder']} encoder, weights sha256 {ours['teacher_sha256'][:12]}) is another model: "
+            "the checkpoint's teacher would keep teaching under this one's name. Resume with the checkpoint's "
+            "teacher (a copy at any path will do), or start a new run without ckpt_path."
+        )

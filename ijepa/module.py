@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from ijepa.checkpoint import (
     adapt_checkpoint,
     non_finite_update,
+    refuse_student_without_teacher,
     refuse_to_load_non_finite,
     refuse_to_save_non_finite,
     resolution_record,
@@ -579,6 +580,7 @@ class IJEPA(L.LightningModule):
         fitting = self._trainer is not None and self.trainer.state.fn == "fit"
         source = f"ckpt_path={str(self.trainer.ckpt_path)!r}" if self._trainer is not None else "the checkpoint"
         refuse_to_load_non_finite(checkpoint, source)
+        refuse_student_without_teacher(checkpoint, source, self._trainer, has_teacher=hasattr(self, "distill"))
         check_resumed_levels(checkpoint, self.target_blocks, self.hparams.depth)
         restore_rng_states(checkpoint.get("rng_states") if fitting else None)
         report = adapt_checkpoint(self, checkpoint, **self.position_interpolation)

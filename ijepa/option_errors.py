@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import os
 import re
 import sys
@@ -58,9 +59,29 @@ class IJEPAArgumentParser(LightningArgumentParser):
         """A config file, refused when a mapping in it holds a key twice (YAML keeps the last one
         without a word, so half of what the file says would be ignored)."""
         try:
-            repeated = duplicate_keys(Path(str(getattr(path, "absolute", path))).read_text())
+            text = Path(str(getattr(path, "absolute", path))).read_text()
         except OSError:  # unreadable: jsonargparse says so itself
-            repeated = []
+            return super().parse_path(path, *args, **kwargs)
+        values = expanded_values(text)
+        if values > MAX_CONFIG_VALUES:
+            expands = (
+                "forever (an alias inside its own anchor)"
+                if values == math.inf
+                else f"to {values:,} values, above {MAX_CONFIG_VALUES:,} (reading it would exhaust memory)"
+            )
+            self.error(
+                f"--config {path}: its YAML aliases expand {expands}; write the values out or nest fewer aliases."
+            )
+        if is_empty_yaml(text):  # jsonargparse: "Unexpected config: " and nothing after it
+            self.error(
+                f"--config {path}: the file holds no options (it is empty, or only comments); give it some keys."
+            )
+        for key, value in misplaced_sections(text, self.groups):
+            self.error(
+                f"{key}: --config {path} gives it {type(value).__name__} {value!r}; it takes a mapping of options "
+                f"({key}: {{option: value, ...}}) or the path of a YAML file holding them."
+            )
+        repeated = duplicate_keys(text)
         if repeated:
             key, first, second = repeated[0]
             self.error(
@@ -103,6 +124,59 @@ class _KeyLines(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+# A config expands to a few hundred values; YAML aliases can make a few lines expand to billions.
+MAX_CONFIG_VALUES = 1_000_000
+
+
+def expanded_values(text: str) -> float:
+    """How many values (scalars, lists and mappings) the YAML ``text`` holds once every alias is
+    expanded, counted on the composed graph without expanding it; ``inf`` for an alias that
+    contains itself, 0 for an empty file or text that is not YAML (the parser reports that)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return 0
+    counted: dict[int, float] = {}
+
+    def count(node) -> float:
+        key = id(node)
+        if key in counted:
+            return counted[key]
+        counted[key] = math.inf  # seen again before it is counted: it contains itself
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [each for pair in node.value for each in pair]
+        counted[key] = 1 + sum(count(child) for child in children)
+        return counted[key]
+
+    return 0 if root is None else count(root)
+
+
+def misplaced_sections(text: str, sections) -> list[tuple[str, object]]:
+    """``(key, value)`` of each top-level key of the YAML ``text`` that names a section of options
+    (``sections``: the parser's groups, as ``model``, ``data``, ``trainer``) but holds neither a
+    mapping, a file path nor null: ``model: [1, 2]`` would fail later naming an option inside it."""
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return []
+    if not isinstance(config, dict):
+        return []
+    return [
+        (key, value)
+        for key, value in config.items()
+        if key in sections and value is not None and not isinstance(value, (dict, str))
+    ]
+
+
+def is_empty_yaml(text: str) -> bool:
+    """Whether ``text`` is YAML that holds nothing (empty, blank or only comments)."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader) is None
+    except yaml.YAMLError:
+        return False
+
+
 def duplicate_keys(text: str) -> list[tuple[object, int, int]]:
     """``(key, first line, repeated line)`` of every key set twice in one mapping of the YAML
     ``text``; ``[]`` for text that is not YAML (the parser reports that itself)."""
@@ -132,8 +206,11 @@ def parse_error_headline(parser, message: str, ex: Exception | None) -> str | No
     if match is None or ex is None:
         return None
     key, reason = match.group(1), innermost_error(ex)
-    headline = f"{key}: {_first_line(reason)}"
     action = next((a for a in parser._actions if a.dest == key), None)
+    inner = re.findall(r'Parser key "([^"]+)"', message[match.end() :])
+    if inner and message.count("Problem with given class_path") == 1:  # an option of the one class given
+        key = ".".join([key, *dict.fromkeys(inner)])  # data.source.train_size, not data.source
+    headline = f"{key}: {_first_line(reason)}"
     if isinstance(reason, (ImportError, AttributeError)) or "import path" in str(reason):
         classes = known_classes(getattr(action, "_typehint", None))
         if classes:

@@ -9,6 +9,7 @@ from unittest import mock
 
 import lightning as L
 import numpy as np
+import pytest
 import torch
 from conftest import TINY_MODEL, save_tiny_checkpoint
 from PIL import Image
@@ -216,3 +217,12 @@ def assert_same(checkpointed: dict, plain: dict, tolerance: float = 1e-6) -> Non
 
 def heads_by_name(result: dict) -> dict[str, float]:
     return {head["name"]: head["val_top1"] for head in result["heads"]}
+
+
+def one_line(capsys, command, args) -> str:
+    """The project's one-line error of ``command(args)`` (exit status 2, no traceback)."""
+    with pytest.raises(SystemExit) as exit:
+        command(args)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()

@@ -2,15 +2,18 @@
 student is an ordinary checkpoint that resumes exactly and that every reader of checkpoints reads."""
 
 import copy
+import shutil
+from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY_MODEL, tiny_datamodule, tiny_trainer
+from conftest import TINY_CONFIG, TINY_MODEL, save_tiny_checkpoint, tiny_datamodule, tiny_trainer
 from helpers import random_loader, save_teacher
 
 from ijepa.callbacks import EMATargetUpdate
 from ijepa.checkpoint import load_adapted
+from ijepa.cli import build_cli, main
 from ijepa.distill import DistillIJEPA, Resized
 from ijepa.interop import load_encoder, save_hf
 from ijepa.module import IJEPA
@@ -147,17 +150,142 @@ def test_the_students_checkpoint_reads_as_an_ijepa_model_whose_target_encoder_is
         tiny_trainer(tmp_path, max_steps=3).fit(other, datamodule=tiny_datamodule(), ckpt_path=path)
 
 
-def test_an_exported_students_model_card_names_its_teacher(teacher_path, tmp_path):
-    from ijepa.interop.convert import convert
-
+def distilled(teacher_path, tmp_path, steps: int = 1):
+    """A student of ``teacher_path`` after ``steps`` steps, saved as ``tmp_path / student.ckpt``."""
     student = DistillIJEPA(teacher=str(teacher_path), **STUDENT)
-    trainer = tiny_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer = tiny_trainer(tmp_path, max_steps=steps, limit_val_batches=0)
     trainer.fit(student, datamodule=tiny_datamodule())
     trainer.save_checkpoint(tmp_path / "student.ckpt")
-    convert(str(tmp_path / "student.ckpt"), str(tmp_path / "hf"), "hf", dtype="bf16")
+    return tmp_path / "student.ckpt"
+
+
+def resume(teacher, student_path, folder, max_steps: int = 2) -> dict:
+    """The checkpoint ``teacher``'s student at ``student_path`` resumed to ``max_steps`` saves in ``folder``."""
+    student = DistillIJEPA(teacher=str(teacher), **STUDENT)
+    trainer = tiny_trainer(folder, max_steps=max_steps, limit_val_batches=0)
+    trainer.fit(student, datamodule=tiny_datamodule(), ckpt_path=student_path)
+    trainer.save_checkpoint(folder / "resumed.ckpt")
+    return torch.load(folder / "resumed.ckpt", weights_only=True)
+
+
+def weights_digest(path, encoder: str = "target") -> str:
+    from ijepa.distill import weights_sha256  # the teacher's identity in a student's record
+
+    return weights_sha256(load_encoder(path, encoder).state_dict())
+
+
+def other_teacher(path):
+    """A teacher of the same architecture as save_teacher's, with other weights."""
+    torch.manual_seed(7)
+    return save_tiny_checkpoint(IJEPA(**TINY_MODEL), path)
+
+
+def test_an_exported_students_model_card_names_the_teacher_its_checkpoint_records(teacher_path, tmp_path):
+    from ijepa.interop.convert import convert
+
+    student_path = distilled(teacher_path, tmp_path)
+    record = torch.load(student_path, weights_only=True)["distillation"]
+    convert(str(student_path), str(tmp_path / "hf"), "hf", dtype="bf16")
     card = (tmp_path / "hf" / "README.md").read_text()
-    assert f"| distilled from | `{teacher_path}` (ijepa checkpoint, its target encoder: width 32, depth 2)" in card
+    assert (
+        f"| distilled from | `{teacher_path}` (ijepa checkpoint, its target encoder: width 32, depth 2; weights "
+        f"`{record['teacher_sha256']}` (`ijepa.distill.weights_sha256`)), objective `jepa` |"
+    ) in card
     assert "| width | 16 |" in card
+
+
+def test_a_cli_built_student_saves_the_teachers_width_as_target_dim_so_a_plain_model_reads_it(teacher_path, tmp_path):
+    args = ["--config", str(TINY_CONFIG), f"--model.teacher={teacher_path}", "--model.embed_dim=16", "--model.depth=1"]
+    with mock.patch("sys.argv", ["ijepa"]):
+        cli = build_cli([*args, "--trainer.logger=false"], run=False, model_class=DistillIJEPA)
+    saved = torch.load(save_tiny_checkpoint(cli.model, tmp_path / "student.ckpt"), weights_only=True)
+    assert saved["hyper_parameters"]["target_dim"] == 32 and saved["hyper_parameters"]["embed_dim"] == 16
+    plain = IJEPA.load_from_checkpoint(tmp_path / "student.ckpt", weights_only=True)
+    assert plain.predictor.output_proj.out_features == 32
+
+
+def test_the_checkpoint_records_the_teachers_path_and_the_sha256_of_its_weights(teacher_path, tmp_path):
+    record = torch.load(distilled(teacher_path, tmp_path), weights_only=True)["distillation"]
+    assert record["teacher"] == str(teacher_path)
+    assert record["teacher_sha256"] == weights_digest(teacher_path, "target")
+    assert record["teacher_sha256"] != weights_digest(teacher_path, "online")
+
+
+def test_resuming_a_student_with_another_teacher_is_refused_naming_both_teachers(teacher_path, tmp_path):
+    student_path = distilled(teacher_path, tmp_path)
+    ours = torch.load(student_path, weights_only=True)["distillation"]["teacher_sha256"]
+    other = other_teacher(tmp_path / "other.ckpt")
+    theirs = weights_digest(other)
+    with pytest.raises(ValueError) as refused:
+        resume(other, student_path, tmp_path / "resumed")
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    assert f"teacher={str(teacher_path)!r} (target encoder, weights sha256 {ours[:12]})" in message
+    assert f"teacher={str(other)!r} (target encoder, weights sha256 {theirs[:12]}) is another model" in message
+
+
+def test_a_student_resumes_with_a_copy_of_its_teacher_at_another_path_as_with_the_original(teacher_path, tmp_path):
+    student_path = distilled(teacher_path, tmp_path, steps=1)
+    copy_path = tmp_path / "elsewhere" / "copy.ckpt"
+    copy_path.parent.mkdir()
+    shutil.copy(teacher_path, copy_path)
+    original = resume(teacher_path, student_path, tmp_path / "original")
+    copied = resume(copy_path, student_path, tmp_path / "copy")
+    assert copied["global_step"] == 2 and copied["distillation"]["teacher"] == str(copy_path)
+    assert copied["distillation"]["teacher_sha256"] == original["distillation"]["teacher_sha256"]
+    for name, value in original["state_dict"].items():
+        assert torch.equal(copied["state_dict"][name], value), name
+
+
+def test_a_student_saved_without_its_teachers_digest_is_resumed_only_by_the_teacher_weights_it_holds(
+    teacher_path, tmp_path
+):
+    student_path = distilled(teacher_path, tmp_path)
+    saved = torch.load(student_path, weights_only=True)
+    del saved["distillation"]["teacher_sha256"]  # as written before the digest was recorded
+    torch.save(saved, student_path)
+    with pytest.raises(ValueError, match=r"weights sha256 not recorded\), this run's teacher="):
+        resume(other_teacher(tmp_path / "other.ckpt"), student_path, tmp_path / "other")
+    assert resume(teacher_path, student_path, tmp_path / "same")["global_step"] == 2
+
+
+@pytest.mark.parametrize("stage", ["fit", "validate"])
+def test_a_plain_model_refuses_to_train_or_validate_a_student_whose_loss_needs_its_teacher(
+    teacher_path, tmp_path, stage
+):
+    student_path = distilled(teacher_path, tmp_path)
+    plain = IJEPA(**{**STUDENT, "target_dim": 32})
+    trainer = tiny_trainer(tmp_path / "plain", max_steps=2, limit_val_batches=1)
+    with pytest.raises(ValueError, match=rf"holds a distilled student \(teacher={str(teacher_path)!r}\), whose loss"):
+        getattr(trainer, stage)(plain, datamodule=tiny_datamodule(), ckpt_path=student_path)
+
+
+def nan_teacher(teacher_path, path):
+    saved = torch.load(teacher_path, weights_only=True)
+    saved["state_dict"]["target_encoder.transformer.blocks.1.mlp.fc1.weight"][0, 0] = float("nan")
+    torch.save(saved, path)
+    return path
+
+
+def test_a_teacher_with_non_finite_weights_is_refused_at_load_naming_the_file_and_the_tensor(teacher_path, tmp_path):
+    bad = nan_teacher(teacher_path, tmp_path / "nan.ckpt")
+    with pytest.raises(ValueError) as refused:
+        DistillIJEPA(teacher=str(bad), **STUDENT)
+    assert str(refused.value).startswith(f"teacher={str(bad)!r} holds non-finite weights (1 tensor with NaN or inf: ")
+    assert "target_encoder.transformer.blocks.1.mlp.fc1.weight)" in str(refused.value)
+    DistillIJEPA(teacher=str(bad), teacher_encoder="online", **STUDENT)  # its online encoder is finite: it teaches
+
+
+def test_ijepa_distill_refuses_a_non_finite_teacher_in_one_line_before_training(teacher_path, tmp_path, capsys):
+    bad = nan_teacher(teacher_path, tmp_path / "nan.ckpt")
+    args = ["distill", "--config", str(TINY_CONFIG), f"--model.teacher={bad}", "--model.embed_dim=16"]
+    with pytest.raises(SystemExit) as exit:
+        main([*args, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and "Traceback" not in "\n".join(err)
+    assert (
+        err[-1].startswith(f"error: model: teacher={str(bad)!r} holds non-finite weights") and "fc1.weight" in err[-1]
+    )
 
 
 @pytest.mark.parametrize("objective", ["jepa", "features"])

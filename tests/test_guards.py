@@ -1,5 +1,6 @@
 """Guards that keep a run honest: non-finite loss stops it, collapse is flagged."""
 
+import lightning as L
 import pytest
 import torch
 from conftest import TINY_CONFIG, TINY_MODEL, tiny_trainer
@@ -70,7 +71,14 @@ def test_truncated_or_missing_checkpoint_is_a_clear_error(tmp_path):
 
     model = IJEPA(**TINY_MODEL)
     good = tmp_path / "good.ckpt"
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, good)
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": dict(model.hparams),
+            "pytorch-lightning_version": L.__version__,
+        },
+        good,
+    )
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     config = str(TINY_CONFIG)

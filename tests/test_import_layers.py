@@ -35,8 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("ijepa.interop",),  # other checkpoint formats, built on the module
     ("ijepa.distill",),  # a student against a frozen teacher: the module's subclass, teachers read by interop
     ("ijepa.callbacks",),
-    # the commands (fit & co, eval), and their errors that name the option
-    ("ijepa.cli", "ijepa.launch", "ijepa.option_errors", "ijepa.evaluation", "ijepa.__main__"),
+    # the commands (fit & co, eval), their errors that name the option, their checks before a launch
+    ("ijepa.cli", "ijepa.launch", "ijepa.option_errors", "ijepa.preflight", "ijepa.evaluation", "ijepa.__main__"),
     ("ijepa.explore", "ijepa.studies", "ijepa.benchmark"),
     ("ijepa",),  # the package's own __init__
 ]

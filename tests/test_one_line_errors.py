@@ -9,6 +9,7 @@ import lightning as L
 import pytest
 import torch
 from conftest import TINY_CONFIG, TINY_MODEL
+from helpers import one_line
 
 from ijepa.cli import main
 from ijepa.evaluation.runner import main as evaluate
@@ -17,14 +18,6 @@ from ijepa.module import IJEPA
 from ijepa.option_errors import raised_by_project
 
 CONFIG = str(TINY_CONFIG)
-
-
-def one_line(capsys, command, args) -> str:
-    with pytest.raises(SystemExit) as exit:
-        command(args)
-    err = capsys.readouterr().err
-    assert exit.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    return err.strip()
 
 
 def test_a_missing_ckpt_path_is_one_line(capsys, tmp_path):

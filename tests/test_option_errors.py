@@ -117,7 +117,14 @@ def test_evaluating_without_a_checkpoint_warns_that_the_model_is_a_random_init(m
 
     checkpoint = tmp_path / "model.ckpt"
     model = IJEPA(**TINY_MODEL)
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, checkpoint)
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": dict(model.hparams),
+            "pytorch-lightning_version": L.__version__,
+        },
+        checkpoint,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         build_cli([*args, f"--ckpt_path={checkpoint}"])

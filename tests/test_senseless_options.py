@@ -1,6 +1,7 @@
 """Options that make no sense are refused or warned before the run: a schedule whose peak is not
-its peak, a warm-up longer than the run, max_steps 0, a resume already past max_steps, a key
-set twice in a YAML config, a grid too large to encode."""
+its peak, a warm-up longer than the run (the schedule's, or LossSpikeSkip's, which then never
+acts), max_steps 0, a resume already past max_steps, a key set twice in a YAML config, a grid too
+large to encode."""
 
 import functools
 import warnings
@@ -75,13 +76,30 @@ def test_fit_warns_of_a_warmup_longer_than_the_run(tmp_path):
         main(args)
 
 
+def test_fit_warns_of_a_loss_spike_guard_whose_warmup_outlasts_the_run(tmp_path):
+    args = ["fit", "--config", CONFIG, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"]
+    args += ["--trainer.max_steps=3", "--trainer.limit_val_batches=0"]
+    guard = '{"class_path": "ijepa.callbacks.LossSpikeSkip", "init_args": {"warmup_steps": 5}}'
+    with pytest.warns(
+        UserWarning,
+        match=r"^LossSpikeSkip.warmup_steps=5 is not below the run's trainer.max_steps=3: .* it will never act",
+    ):
+        main([*args, f"--trainer.callbacks+={guard}"])
+
+
 def test_resuming_a_checkpoint_at_or_past_max_steps_says_nothing_will_train(tmp_path, monkeypatch):
     monkeypatch.setattr(L.Trainer, "fit", functools.wraps(L.Trainer.fit)(lambda *a, **k: None))
     monkeypatch.setattr("sys.argv", ["ijepa"])
     model = IJEPA(**TINY_MODEL)
     checkpoint = tmp_path / "step40.ckpt"
     torch.save(
-        {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "global_step": 40}, checkpoint
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": dict(model.hparams),
+            "global_step": 40,
+            "pytorch-lightning_version": L.__version__,
+        },
+        checkpoint,
     )
     args = ["fit", "--config", CONFIG, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"]
     args.append(f"--ckpt_path={checkpoint}")

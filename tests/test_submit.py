@@ -6,6 +6,7 @@ import os
 import pickle
 import signal
 import sys
+import traceback
 from unittest import mock
 
 import pytest
@@ -13,7 +14,9 @@ from conftest import TINY_CONFIG
 from helpers import fake_commands
 
 from ijepa.cli import main
-from ijepa.launch.submit import FitJob
+from ijepa.launch import submit as launcher
+from ijepa.launch.submit import FitJob, build_parser, check_ranges, executor_for
+from ijepa.launch.table import RunTimedOut
 
 CONFIG = str(TINY_CONFIG)  # a config that exists: submit parses every run's arguments first
 
@@ -193,3 +196,109 @@ def test_a_key_ijepa_fit_does_not_accept_is_refused_before_anything_is_submitted
     assert "model.lrr" in err and err.endswith("; nothing was submitted.\n") and not folder.exists()
     err = submit_error(capsys, "--executor", "local", "--folder", str(folder), "--", "fit", "--config", "nope.yaml")
     assert err.startswith("error: the run: ijepa fit would refuse it: ") and "nope.yaml" in err
+
+
+@pytest.mark.parametrize(
+    "flag", [["--nodes", "2"], ["--gpus-per-node", "2"], ["--partition", "gpu"], ["--account", "lab"]]
+)
+def test_a_slurm_option_given_to_the_local_executor_is_refused_in_one_line_before_anything_is_submitted(
+    flag, tmp_path, capsys
+):
+    def nothing_submitted(*args):
+        raise AssertionError("a job was about to be submitted")
+
+    with mock.patch.object(launcher, "executor_for", nothing_submitted):
+        err = submit_error(capsys, "--executor", "local", "--folder", str(tmp_path / "s"), *flag, "--", "fit")
+    assert err.startswith(f"error: --executor local: {flag[0]} is an option of SLURM jobs;"), err
+    assert "--trainer.devices" in err and len(err.splitlines()) == 1 and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("time, delay", [(1, 15), (4, 60), (30, 120)])
+def test_the_default_signal_delay_is_a_quarter_of_the_time_at_most_120_s_and_reaches_the_local_executor(
+    time, delay, tmp_path
+):
+    options = build_parser().parse_args(["--executor", "local", "--time", str(time)])
+    check_ranges(options)  # a delay the user did not give is never refused
+    parameters = executor_for(options, tmp_path / "logs").parameters
+    assert (parameters["timeout_min"], parameters["signal_delay_s"]) == (time, delay)
+    given = build_parser().parse_args(["--executor", "local", "--time", "1", "--signal-delay", "50"])
+    check_ranges(given)
+    assert executor_for(given, tmp_path / "logs").parameters["signal_delay_s"] == 50
+
+
+@pytest.mark.parametrize("visible, parameters", [(None, {"gpus_per_node": 0}), ("2,3", {"visible_gpus": (2, 3)})])
+def test_a_local_job_sees_the_gpus_the_submitting_shell_sees(visible, parameters, tmp_path, monkeypatch):
+    # submitit's local executor sets CUDA_VISIBLE_DEVICES to the first gpus_per_node GPUs (the old default: 1)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(launcher, "num_cuda_devices", lambda: 0)  # this machine: no GPU
+    options = build_parser().parse_args(["--executor", "local"])
+    check_ranges(options)
+    given = executor_for(options, tmp_path / "logs").parameters
+    assert {key: given.get(key) for key in parameters} == parameters
+    assert given["gpus_per_node"] == (len(visible.split(",")) if visible else 0)
+
+
+def lightning_fit(root, when: str):
+    """A fit that, as Lightning does, takes SIGTERM once training starts and then stops at the
+    step's end, PreemptionCheckpoint saving preempted.ckpt; the local time-out signal comes
+    ``when`` (before training, or during)."""
+
+    def fit(args):
+        if when == "before training":
+            os.kill(os.getpid(), signal.SIGUSR2)
+            raise AssertionError("went on after the time-out")
+        stop = []
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+        try:
+            os.kill(os.getpid(), signal.SIGUSR2)  # submitit's local time-out
+            assert stop, "the time-out did not reach Lightning's SIGTERM handler"
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "preempted.ckpt").write_bytes(b"")
+            raise SystemExit(128 + signal.SIGTERM)  # what the ijepa command exits with then
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return fit
+
+
+@pytest.mark.parametrize("when", ["during training", "before training"])
+def test_a_local_job_at_its_time_limit_saves_as_on_sigterm_and_ends_timed_out(when, tmp_path):
+    root = tmp_path / "run"
+    job = FitJob(lightning_fit(root, when), ["--config", CONFIG], str(root), timeout_signal=signal.SIGUSR2)
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        with mock.patch("sys.argv", ["_submit.py"]), pytest.raises(RunTimedOut) as ended:
+            job()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    saved = f"resume with --ckpt_path {root / 'preempted.ckpt'}" if when == "during training" else "nothing saved"
+    assert str(ended.value).startswith("stopped at --time minus --signal-delay;") and saved in str(ended.value)
+
+
+def test_a_timed_out_local_run_is_timed_out_in_the_table_and_local_submit_exits_1(tmp_path, capsys):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    runs = []
+    for index, (outcome, error) in enumerate([("success", None), ("error", RunTimedOut("stopped at ...; resume"))]):
+        root = tmp_path / "runs" / str(index)
+        root.mkdir(parents=True)  # the run wrote to its folder: without a result it would be `running`
+        try:
+            raise RuntimeError("the job") if error is None else error
+        except Exception:
+            trace = traceback.format_exc()
+        (logs / f"{index}_result.pkl").write_bytes(pickle.dumps((outcome, str(root) if error is None else trace)))
+        runs.append({"run": f"00{index}", "job_id": str(index), "overrides": {}, "root": str(root)})
+        runs[-1] |= {"result": str(logs / f"{index}_result.pkl"), "stdout": str(logs / f"{index}_0_log.out")}
+    (tmp_path / "sweep.json").write_text(json.dumps({"executor": "local", "runs": runs}))
+    with mock.patch.object(launcher, "submit", lambda *args: tmp_path), pytest.raises(SystemExit) as exit:
+        main(["submit", "--executor", "local", "--", "fit", "--config", CONFIG])
+    assert exit.value.code == 1
+    assert capsys.readouterr().err == ("error: 1 run(s) timed out: 001 (each one's error or checkpoint in the table)\n")
+    with open(tmp_path / "sweep_table.csv") as f:
+        assert [(row["state"], row["error"]) for row in csv.DictReader(f)] == [
+            ("completed", ""),
+            ("timed out", "stopped at ...; resume"),
+        ]

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 
-from ijepa.checkpoint import atomic_save
+from ijepa.checkpoint import atomic_save, unwritable
 
 
 class FeatureWriter(BasePredictionWriter):
@@ -32,6 +32,14 @@ class FeatureWriter(BasePredictionWriter):
         super().__init__(write_interval="epoch")
         self.output_dir = output_dir
         self.written: list[Path] = []
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # refused before predicting, not after: the work would be lost at the write
+        if stage == "predict" and self.output_dir is not None and (problem := unwritable(Path(self.output_dir))):
+            raise ValueError(
+                f"feature_writer.output_dir={self.output_dir!r}: cannot write the features there ({problem}); "
+                "point it at a folder (it is created if missing)."
+            )
 
     def path(self, trainer: L.Trainer) -> Path:
         folder = Path(self.output_dir or trainer.log_dir or trainer.default_root_dir)

@@ -20,7 +20,7 @@ from collections import deque
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from ijepa.checkpoint import resume_advice, saved_checkpoints
 from ijepa.nn.checks import check_range
@@ -72,7 +72,8 @@ class LossSpikeSkip(Callback):
     so a resumed run decides as the uninterrupted one would.
 
     Args:
-        warmup_steps: optimizer steps before any step may be skipped (the early loss falls fast).
+        warmup_steps: optimizer steps before any step may be skipped (the early loss falls fast);
+            one not below the run's length is warned at fit start: the guard would never act.
         window: accepted losses the mean and standard deviation are taken over (at least 2).
         num_std: how many standard deviations above the mean a loss must be to count as a spike.
         max_in_a_row: spikes in a row that stop the run (1: the first spike stops it).
@@ -98,6 +99,29 @@ class LossSpikeSkip(Callback):
                 f"LossSpikeSkip needs trainer.accumulate_grad_batches 1, got {trainer.accumulate_grad_batches}."
             )
         pl_module.step_guards = [*getattr(pl_module, "step_guards", ()), self.skip_step]
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if warning := self.warmup_warning(trainer):
+            rank_zero_warn(warning)
+
+    def warmup_warning(self, trainer: L.Trainer) -> str | None:
+        """One line when no step of the run comes after ``warmup_steps`` (the guard would never
+        act), else None. A step may be skipped from ``global_step == warmup_steps`` on, and the
+        run's last step is ``total - 1``."""
+        total = trainer.estimated_stepping_batches  # max_steps, or the steps of max_epochs; inf or -1: unbounded
+        if math.isinf(total) or total < 0 or self.warmup_steps < total:
+            return None
+        if trainer.max_steps >= 0 and trainer.max_steps == total:
+            run = f"trainer.max_steps={trainer.max_steps}"
+        else:
+            run = (
+                f"{int(total)} optimizer steps (trainer.max_steps={trainer.max_steps}, max_epochs={trainer.max_epochs})"
+            )
+        return (
+            f"LossSpikeSkip.warmup_steps={self.warmup_steps} is not below the run's {run}: no step comes after the "
+            "warm-up, so it will never act (no loss spike is skipped). Set warmup_steps below the run's length, or "
+            "remove the callback."
+        )
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         guards = getattr(pl_module, "step_guards", [])

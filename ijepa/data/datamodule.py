@@ -186,6 +186,11 @@ class IJEPADataModule(L.LightningDataModule):
                     side = grid_size(image_size, size)
                 except ValueError as error:
                     raise ValueError(f"train_patch_sizes: {error}") from None
+                if side < 2:  # the sampler would say "grid_size", an option nobody set
+                    raise ValueError(
+                        f"train_patch_sizes: patch size {size} cuts image_size={image_size} into a {side} x {side} "
+                        f"grid; each patch size needs at least 2 x 2 patches (at most {image_size // 2} here)."
+                    )
                 self.patch_samplers[size] = self.image_sampler(side)
         self.native_collators = None
         if native_sides is not None:

@@ -11,8 +11,10 @@ folder or an STL-10 split into chunked shards, :class:`ShardsSource` reads them 
   :class:`~ijepa.data.ImageFolderSource` reads them (``MASKS/train/...`` for ``SRC/train/...``);
 * ``ijepa_shards.json``, written last (a folder whose ``prepare`` did not finish has none): the
   class names in index order, where the images came from, each split's labels, so that the
-  class-balanced hold-out needs no pass over the images, and, with masks, ``"masks":
-  {"ignore_index": int}`` (the items are then dense, as the folder's with ``masks``).
+  class-balanced hold-out needs no pass over the images, each split's CRC-32 of its litdata
+  ``index.json`` and of every chunk (``chunk_crc32``: ``{file name: 8 hex digits}``, checked
+  when a local source is set up), and, with masks, ``"masks": {"ignore_index": int}`` (the items
+  are then dense, as the folder's with ``masks``).
 
 :class:`ShardsSource` wraps each split as a map-style dataset over ``litdata.StreamingDataset``'s
 random access: the project's samplers keep choosing the order and each DDP rank's share, and
@@ -32,7 +34,9 @@ import shutil
 import sys
 import tempfile
 import warnings
+import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +62,9 @@ FORMAT = "ijepa-shards"
 VERSION = 1
 STL10_SPLITS = ("train", "test", "unlabeled", "train+unlabeled")
 INSTALL = "pip install -e '.[shards]'"
+CHECKSUMS = "chunk_crc32"  # a split's {file name: CRC-32} in the index (zlib's: ~25 ms per 64 MB chunk)
+_verified: set[tuple] = set()  # (path, size, mtime, crc32) found intact in this process: not hashed again
+_noted: set[str] = set()  # roots of shards without checksums, noted once per process
 
 
 def _litdata(what: str):
@@ -267,6 +274,7 @@ def prepare(
                 start_method=start,
                 verbose=False,
             )
+        checksums = {name: split_checksums(dest / name) for name in functions}
     except BaseException:  # DEST as it was: a rerun must not find it "not empty"
         for written in list(dest.iterdir()) if existed else [dest]:
             shutil.rmtree(written, ignore_errors=True) if written.is_dir() else written.unlink(missing_ok=True)
@@ -277,7 +285,12 @@ def prepare(
         "source": description,
         "classes": classes,
         "splits": {
-            name: {"size": sizes[name], "labels": labels[name] if len(classes) >= 2 else None} for name in functions
+            name: {
+                "size": sizes[name],
+                "labels": labels[name] if len(classes) >= 2 else None,
+                CHECKSUMS: checksums[name],
+            }
+            for name in functions
         },
     }
     if masks is not None:
@@ -298,9 +311,38 @@ def chunk_bytes(text: str) -> str | int:
     return int(match.group(1)) if not match.group(2) and match.group(1).isdigit() else text.strip()
 
 
-def check_chunks(root: str, split: str, option: str = "data.source") -> None:
+def file_crc32(path: str | Path) -> str:
+    """The CRC-32 (zlib's) of the file at ``path``, as 8 hex digits."""
+    value = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            value = zlib.crc32(block, value)
+    return f"{value:08x}"
+
+
+def _crc32s(paths: list[Path]) -> list[str]:
+    """:func:`file_crc32` of each path, a few files at a time (zlib releases the GIL)."""
+    workers = min(8, os.cpu_count() or 1, len(paths))
+    if workers <= 1:
+        return [file_crc32(path) for path in paths]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(file_crc32, paths))
+
+
+def split_checksums(folder: Path) -> dict[str, str]:
+    """``{file name: CRC-32}`` of a written split's litdata ``index.json`` and of every chunk it lists."""
+    listed = json.loads((folder / "index.json").read_text())
+    names = ["index.json", *(chunk["filename"] for chunk in listed.get("chunks", []))]
+    return dict(zip(names, _crc32s([folder / name for name in names])))
+
+
+def check_chunks(root: str, split: str, option: str = "data.source", checksums: dict[str, str] | None = None) -> None:
     """Every chunk a local split's litdata ``index.json`` lists exists with its recorded size (a
-    deleted or cut chunk would otherwise fail mid-epoch as litdata's download timeout)."""
+    deleted or cut chunk would otherwise fail mid-epoch as litdata's download timeout) and, with
+    ``checksums`` (``{file name: CRC-32}`` that ``ijepa prepare`` recorded), holds what was
+    written: a chunk changed in place would otherwise decode to wrong images, or fail as
+    litdata's bare ``struct.error``. One line naming the file. A file found intact is not hashed
+    again in this process while its size and modification time stay."""
     if _is_url(root):
         return  # remote: litdata fetches and checks each chunk as it comes
     folder = Path(root) / split
@@ -324,6 +366,31 @@ def check_chunks(root: str, split: str, option: str = "data.source") -> None:
             f"{option}.root={root!r}: the chunk {path} {problem}; the shards were changed after ijepa prepare. "
             "Restore the file or write the shards again."
         )
+    if checksums is None:
+        return
+    names = ["index.json", *(chunk["filename"] for chunk in listed.get("chunks", []))]
+    unrecorded = [name for name in names if name not in checksums]
+    if unrecorded:
+        raise ValueError(
+            f"{option}.root={root!r}: {folder / unrecorded[0]} is listed by index.json but has no checksum in "
+            f"{INDEX_FILE}: the split was rewritten after ijepa prepare. Re-run `ijepa prepare` to write the shards again."
+        )
+    paths, keys = [], []
+    for name in names:
+        stat = (folder / name).stat()
+        key = (str((folder / name).resolve()), stat.st_size, stat.st_mtime_ns, checksums[name])
+        if key not in _verified:
+            paths.append(folder / name)
+            keys.append(key)
+    for path, key, found in zip(paths, keys, _crc32s(paths)):
+        if found != key[-1]:
+            what = "its litdata index" if path.name == "index.json" else "the chunk"
+            raise ValueError(
+                f"{option}.root={root!r}: {what} {path} is corrupt: its CRC-32 is {found} where {INDEX_FILE} records "
+                f"{key[-1]} (it changed after ijepa prepare wrote it). Restore the file or re-run `ijepa prepare` to write the "
+                "shards again."
+            )
+        _verified.add(key)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -476,13 +543,35 @@ class ShardImages(Dataset):
                 )
         return self._stream
 
+    def _chunk_of(self, position: int) -> str:
+        """`` (chunk <path>)``: the chunk holding item ``position`` by the split's ``index.json``
+        (items in the order of its chunks), or ``""`` where that cannot be read (a URL)."""
+        try:
+            listed = json.loads((Path(self.url) / "index.json").read_text())["chunks"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
+        end = 0
+        for chunk in listed:
+            end += int(chunk.get("chunk_size", 0))
+            if position < end:
+                return f" (chunk {Path(self.url) / chunk['filename']})"
+        return ""
+
     def __getitem__(self, index: int):
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} images.")
         index = int(index) % len(self)
+        stream = self.stream()
         for offset in range(len(self)):  # skip: the next decodable item, as RobustImageFolder
             position = (index + offset) % len(self)
-            item = self.stream()[position]
+            try:
+                item = stream[position]
+            except Exception as error:  # a corrupt chunk: litdata's struct.error, RuntimeError, MemoryError, ...
+                raise ValueError(
+                    f"{self.url} item {position}{self._chunk_of(position)} cannot be read by litdata "
+                    f"({type(error).__name__}: {error}): the shards were corrupted or changed after ijepa prepare; "
+                    "restore them or re-run `ijepa prepare` to write them again."
+                ) from error
             try:
                 image = decode(item["image"], f"{self.url} item {position}")
                 break
@@ -548,6 +637,10 @@ class ShardsSource(DataSource):
         """The shards' ``ijepa_shards.json`` (``option`` names this source in errors)."""
         return read_index(self.root, f"{option}.root")
 
+    def check(self, option: str = "data.source") -> None:
+        if not _is_url(self.root):  # the index alone: a missing folder in seconds, before any launch
+            self.index(option)
+
     def check_probe_source(self, probe: DataSource) -> None:
         """Refuse labelled probe shards numbered by another class index than these."""
         if not isinstance(probe, ShardsSource):
@@ -564,7 +657,16 @@ class ShardsSource(DataSource):
         index = self.index(settings.option)
         classes, written = index["classes"], index["splits"]
         for name in written:
-            check_chunks(self.root, name, settings.option)
+            check_chunks(self.root, name, settings.option, written[name].get(CHECKSUMS))
+        if not _is_url(self.root) and any(CHECKSUMS not in split for split in written.values()):
+            if self.root not in _noted:
+                _noted.add(self.root)
+                warnings.warn(
+                    f"{settings.option}.root={self.root!r}: {INDEX_FILE} records no chunk checksums (written before "
+                    "ijepa prepare recorded them): chunks are checked for their size only; write the shards again to "
+                    "have their contents checked too.",
+                    stacklevel=2,
+                )
         num_classes = len(classes)
 
         def labels(name: str) -> list[int]:

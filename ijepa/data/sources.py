@@ -115,6 +115,11 @@ class DataSource(abc.ABC):
     def check_probe_source(self, probe: DataSource) -> None:  # noqa: B027  (optional, as prepare)
         """Refuse a ``data.probe_source`` that cannot probe what this source pretrains on."""
 
+    def check(self, option: str = "data.source") -> None:  # noqa: B027  (optional, as prepare)
+        """The checks of :meth:`splits` that read no file (a folder that must exist), with its
+        errors; ``option`` names the source in them. ``ijepa`` calls it before it builds the model
+        or starts a process (:mod:`ijepa.preflight`), so a wrong path fails in seconds."""
+
     @abc.abstractmethod
     def splits(self, settings: SplitSettings) -> Splits:
         """The four datasets at ``settings.image_size`` with the given transforms."""
@@ -141,6 +146,17 @@ def source_from_config(config: dict) -> DataSource:
     return from_config(config, DataSource)
 
 
+def check_folder(kind: str, root: Path, option: str) -> Path | None:
+    """Refuse a class-folder data set's ``root`` (``option`` names it) that is no directory, or
+    that has ``val/`` (or ``test/``) without ``train/``; returns that held-out folder, or None."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"{kind} folder not found: {option}={str(root)!r} is not a directory.")
+    held_out = next((root / name for name in ("val", "test") if (root / name).is_dir()), None)
+    if held_out is not None and not (root / "train").is_dir():
+        raise ValueError(f"{option}={str(root)!r} has {held_out.name}/ but no train/ folder beside it.")
+    return held_out
+
+
 def folder_splits(
     kind: str,
     make: Callable[[Path, bool, dict | None], Dataset],
@@ -157,12 +173,8 @@ def folder_splits(
     class-balanced ``holdout_fraction`` is held out for probing and not pretrained on, unless the
     folder is unlabelled (fewer than two classes): then every item is pretrained on and ``val``
     reuses an evenly spread ``holdout_fraction`` of them."""
-    if not root.is_dir():
-        raise FileNotFoundError(f"{kind} folder not found: {option}={str(root)!r} is not a directory.")
-    held_out = next((root / name for name in ("val", "test") if (root / name).is_dir()), None)
+    held_out = check_folder(kind, root, option)
     has_train = (root / "train").is_dir()
-    if held_out is not None and not has_train:
-        raise ValueError(f"{option}={str(root)!r} has {held_out.name}/ but no train/ folder beside it.")
     folder = root / "train" if has_train else root
     pretrain_set = make(folder, True, None)
     eval_set = make(folder, False, pretrain_set.class_to_idx)
@@ -210,14 +222,21 @@ class STL10Source(DataSource):
         if self.download:
             STL10(self.root, split="train+unlabeled", download=True)
 
-    def splits(self, settings: SplitSettings) -> Splits:
+    def check(self, option: str = "data.source") -> None:
+        if not self.download:  # else prepare() fetches it before splits() looks
+            self._check_binary(option)
+
+    def _check_binary(self, option: str) -> None:
         root = Path(self.root)
         if not (root / "stl10_binary").is_dir():
             raise FileNotFoundError(
-                f"STL-10 not found: expected {root / 'stl10_binary'} ({settings.option}.root={str(root)!r}). "
-                f"Set {settings.option}.download=true to fetch it, or point {settings.option}.root at the folder "
-                "holding stl10_binary/."
+                f"STL-10 not found: expected {root / 'stl10_binary'} ({option}.root={str(root)!r}). "
+                f"Set {option}.download=true to fetch it, or point {option}.root at the folder holding stl10_binary/."
             )
+
+    def splits(self, settings: SplitSettings) -> Splits:
+        root = Path(self.root)
+        self._check_binary(settings.option)
 
         def split(name: str, transform: Callable) -> Dataset:
             try:
@@ -281,6 +300,11 @@ class ImageFolderSource(DataSource):
         self.holdout_fraction = holdout_fraction
         self.masks = masks
         self.ignore_index = ignore_index
+
+    def check(self, option: str = "data.source") -> None:
+        check_folder("image", Path(self.root), f"{option}.root")
+        if self.masks is not None and not Path(self.masks).is_dir():
+            raise FileNotFoundError(f"mask folder not found: {option}.masks={self.masks!r} is not a directory.")
 
     def splits(self, settings: SplitSettings) -> Splits:
         root = Path(self.root)
@@ -460,6 +484,9 @@ class VideoFolderSource(DataSource):
         self.fps = fps
         self.frame_stride = frame_stride
         self.holdout_fraction = holdout_fraction
+
+    def check(self, option: str = "data.source") -> None:
+        check_folder("video", Path(self.root), f"{option}.root")
 
     def splits(self, settings: SplitSettings) -> Splits:
         def make(path: Path, training: bool, class_to_idx: dict | None) -> Dataset:

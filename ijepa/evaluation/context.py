@@ -193,6 +193,22 @@ class EvalContext:
             self.data.dataset(split, self.size)  # reads num_classes (and fails early on unlabelled data)
         return self.cache.get(self.fabric, split, kind, last_blocks, make)
 
+    def positions(self, split: str, kind: str = "blocks", last_blocks: int = 1) -> torch.Tensor:
+        """Each row of :meth:`features`' index in the split's dataset."""
+        return self._entry(split, kind, last_blocks)["positions"]
+
+    def mask_file(self, split: str, position: int) -> str:
+        """Where the mask of item ``position`` of ``split`` comes from: the mask file of an image
+        folder (``masks``), the item of shards, else the item's index."""
+        dataset = self.data.dataset(split, self.size)
+        while isinstance(dataset, Subset):
+            dataset, position = dataset.dataset, int(dataset.indices[position])
+        if callable(getattr(dataset, "mask_path", None)) and getattr(dataset, "masks", None) is not None:
+            return str(dataset.mask_path(dataset.samples[position][0]))
+        if isinstance(getattr(dataset, "url", None), str):  # ShardImages
+            return f"{dataset.url} item {position} mask"
+        return f"{split} item {position}"
+
     @property
     def train_idx(self) -> torch.Tensor:
         return self._validation()[0]

@@ -42,7 +42,10 @@ class SegmentationProtocol(HeadGridProtocol):
     is tested: the results give its test mIoU, pixel accuracy and per-class IoU, and every head's
     validation mIoU. mIoU as mmsegmentation (DINOv2) computes it: intersections and unions summed
     over the whole split, the mean over the classes present in the masks or the predictions
-    (:func:`~ijepa.classifiers.segmentation_scores`); the background (class 0) is a class.
+    (:func:`~ijepa.classifiers.segmentation_scores`); the background (class 0) is a class. A test
+    mask's label outside the heads' classes (the training labels, or ``num_classes``) is ignored
+    as mmsegmentation ignores it, with a warning naming the mask files and labels
+    (``ignored_test_labels``: ``{label: pixels}``).
 
     Args:
         lrs, weight_decays: the grid (one head per pair).
@@ -117,6 +120,42 @@ class SegmentationProtocol(HeadGridProtocol):
             )
         return self.num_classes
 
+    def ignore_unknown_labels(
+        self, ctx: EvalContext, masks: torch.Tensor, kind: str, blocks: int
+    ) -> tuple[torch.Tensor, dict[str, int]]:
+        """The test split's ``masks`` with the pixels of a label outside the heads' classes (``0 ..
+        num_classes - 1``: the training labels, or the declared ``num_classes``) set to
+        :data:`~ijepa.data.batch.IGNORE_INDEX`, as mmsegmentation ignores them (``ignore_index``
+        255: they count nowhere), so that the scores have one IoU per class the heads know; and
+        ``{label: pixels}`` of those labels. One warning names the mask files and their labels."""
+        stray = (masks != IGNORE_INDEX) & (masks.long() >= self._classes)
+        if not stray.any():
+            return masks, {}
+        rows = stray.flatten(1).any(1).nonzero().flatten()
+        positions = ctx.positions("test", kind, blocks)
+        files = []
+        for row in rows.tolist():
+            labels, pixels = masks[row][stray[row]].long().unique(return_counts=True)
+            found = ", ".join(
+                f"label {label} ({count} pixels)" for label, count in zip(labels.tolist(), pixels.tolist())
+            )
+            files.append(f"{ctx.mask_file('test', int(positions[row]))}: {found}")
+        labels, pixels = masks[stray].long().unique(return_counts=True)
+        ignored = {str(label): count for label, count in zip(labels.tolist(), pixels.tolist())}
+        shown = "; ".join(files[:5]) + (f"; and {len(files) - 5} more" if len(files) > 5 else "")
+        known = (
+            f"num_classes={self.num_classes}"
+            if self.num_classes is not None
+            else "1 + the largest class id of the train split's masks"
+        )
+        ctx.warn(
+            f"{self.name}: {len(files)} test mask(s) hold label(s) {sorted(map(int, ignored))} outside the classes "
+            f"0..{self._classes - 1} ({known}); their {sum(ignored.values())} pixels are ignored, as mmsegmentation "
+            f"ignores them (ignore_index {IGNORE_INDEX}): {shown}. Fix those masks (then evaluate with --cache false: "
+            "the feature cache holds the masks as read), or set num_classes to score such labels as classes."
+        )
+        return masks.masked_fill(stray, IGNORE_INDEX), ignored
+
     def evaluate(self, ctx: EvalContext) -> dict:
         if self.last_blocks > ctx.encoder.depth:
             raise ValueError(
@@ -163,9 +202,8 @@ class SegmentationProtocol(HeadGridProtocol):
         best = select(heads, "val_miou")
         index = heads.index(best)
         x_test, m_test = view.features("test", kind, blocks)  # read once the head is chosen
-        kept = m_test[m_test != IGNORE_INDEX]
-        classes = max(self._classes, int(kept.max()) + 1 if kept.numel() else 0)  # a class train never showed
-        test = segmentation_scores(grid_confusions(grid, x_test, m_test, classes, batch_size, heads=[index])[0])
+        m_test, ignored = self.ignore_unknown_labels(view, m_test, kind, blocks)
+        test = segmentation_scores(grid_confusions(grid, x_test, m_test, self._classes, batch_size, heads=[index])[0])
         ctx.log({f"{self.name}/test_miou": test["miou"], f"{self.name}/test_pixel_accuracy": test["pixel_accuracy"]})
         return {
             "heads": heads,
@@ -176,6 +214,7 @@ class SegmentationProtocol(HeadGridProtocol):
             "test_pixel_accuracy": test["pixel_accuracy"],
             "test_iou": test["iou"],
             "num_classes": self._classes,
+            "ignored_test_labels": ignored,
             "steps": total,
         }
 

@@ -12,6 +12,7 @@ count, adapted as ``ijepa validate`` adapts it (:func:`adapt_ijepa`, :func:`rebu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from ijepa.interop.encoder import file_digest, load_encoder
 from ijepa.interop.huggingface import load_hf
 from ijepa.legacy import upgrade_hparams
 from ijepa.module import IJEPA
-from ijepa.nn.checks import check_range
+from ijepa.nn.checks import check_range, check_token_grid
 from ijepa.nn.video import temporal_positions
 from ijepa.nn.vit import VisionTransformer
 
@@ -201,7 +202,23 @@ def open_encoder(
             )
         if encoder != "target":
             raise ValueError("encoder=online: a Hugging Face folder holds one encoder (the one it was exported from).")
-        frozen, kind = ViTEncoder(load_hf(path)), "hf"
+        try:
+            frozen, kind = ViTEncoder(load_hf(path)), "hf"
+        except ValueError as error:
+            try:
+                config = json.loads((path / "config.json").read_text())
+            except ValueError:
+                config = None
+            what = (
+                "a timm export (ijepa convert ... timm: load it with timm.create_model)"
+                if isinstance(config, dict) and {"architecture", "model_args"} <= set(config)
+                else f"not a Hugging Face IJepaModel folder ({error})"
+            )
+            raise ValueError(
+                f"checkpoint={checkpoint!r} is {what}. ijepa eval reads an ijepa checkpoint (.ckpt: of ijepa fit or "
+                "distill, or an official one converted by ijepa convert ... ckpt) or a Hugging Face IJepaModel "
+                "folder (ijepa convert ... hf): evaluate the checkpoint the export was made from."
+            ) from None
         wanted = {"image_size": image_size, "patch_size": patch_size, "num_frames": num_frames}
         for option, value in wanted.items():
             if value is not None and value != getattr(frozen, option):
@@ -312,6 +329,19 @@ def adapt_ijepa(
     wanted = check_sizes(trained, image_size, patch_size, num_frames)
     if all(trained[key] == value for key, value in wanted.items()):
         return ViTEncoder(network, time_unit)
+    hparams = upgrade_hparams(saved["hyper_parameters"])
+    # the model's own check would advise model.max_tokens, an option eval does not have
+    check_token_grid(
+        wanted["image_size"],
+        wanted["patch_size"],
+        wanted.get("num_frames", 0),
+        trained.get("tubelet_size", 1),
+        hparams.get("embed_dim", network.embed_dim),
+        hparams.get("num_heads", 1),
+        hparams.get("max_tokens", 65_536),
+        advice=f"Evaluate at a smaller data.image_size (the checkpoint's is {trained['image_size']}) or a larger "
+        "data.patch_size.",
+    )
     model, report = rebuild_at(saved, **wanted)
     adapted = model.target_encoder if encoder == "target" else model.encoder
     adapted.transformer.checkpoint_every = 0  # no backward pass here: nothing to recompute

@@ -154,13 +154,15 @@ def training_section(kind: str, source: Path, checkpoint: dict | None) -> list[s
         ]
         if data.get("probe_source"):
             rows.append(("probe source", source_text(data["probe_source"])))
-    distilled = checkpoint.get("distillation")  # ijepa distill's record (ijepa.distill)
+    distilled = checkpoint.get("distillation")  # ijepa distill's record (ijepa.distill): the teacher that taught
     if isinstance(distilled, dict):
+        digest = distilled.get("teacher_sha256")
+        weights = f"weights `{digest}` (`ijepa.distill.weights_sha256`)" if digest else f"weights' digest {unknown}"
         rows.append(
             (
                 "distilled from",
                 f"`{distilled.get('teacher')}` ({distilled.get('teacher_kind')}, its {distilled.get('teacher_encoder')} "
-                f"encoder: width {distilled.get('teacher_width')}, depth {distilled.get('teacher_depth')}), "
+                f"encoder: width {distilled.get('teacher_width')}, depth {distilled.get('teacher_depth')}; {weights}), "
                 f"objective `{distilled.get('objective')}`",
             )
         )

@@ -176,9 +176,18 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, dtype: torch.
 
     try:
         save_file({k: stored(v) for k, v in tensors.items()}, str(temporary), {"format": "pt"})
+        # safetensors creates its file private (0600): give it the mode any file gets under the umask
+        os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def file_digest(path: Path) -> str:

@@ -1,9 +1,10 @@
 """The table of a sweep (``ijepa submit --table FOLDER``): each run's overrides, state and final
 ``val/*`` metrics, printed as markdown and written to ``FOLDER/sweep_table.{md,csv}``.
 
-The state comes from the files the runs left: submitit's result file (``completed`` or
-``failed``), else, on SLURM, the scheduler's state (``sacct``, through submitit), else
-``running`` once the run has written anything to its folder, ``pending`` before. The metrics are the
+The state comes from the files the runs left: submitit's result file (``completed``, ``failed``,
+or ``timed out``: a local job stopped at its time limit, :class:`RunTimedOut`), else, on SLURM,
+the scheduler's state (``sacct``, through submitit), else ``running`` once the run has written
+anything to its folder, ``pending`` before. The metrics are the
 last value of every ``val/*`` scalar in the run's TensorBoard event files (or ``metrics.csv`` of a
 ``CSVLogger``), over every version folder (a requeued run logs to a new one).
 """
@@ -18,7 +19,21 @@ import shutil
 from pathlib import Path
 
 MANIFEST = "sweep.json"
-SLURM_STATES = {"PENDING": "pending", "REQUEUED": "pending", "RUNNING": "running", "COMPLETED": "completed"}
+SLURM_STATES = {
+    "PENDING": "pending",
+    "REQUEUED": "pending",
+    "RUNNING": "running",
+    "COMPLETED": "completed",
+    "TIMEOUT": "timed out",
+}
+
+
+class RunTimedOut(RuntimeError):
+    """How a local job ends when submitit's time-out signal stopped it (``ijepa.launch.submit.FitJob``):
+    its result file then holds this error, which the table shows as ``timed out``."""
+
+
+TIMED_OUT = f"{RunTimedOut.__module__}.{RunTimedOut.__qualname__}: "  # the last line of such a job's traceback
 
 
 class TableError(ValueError):
@@ -26,30 +41,38 @@ class TableError(ValueError):
 
 
 def last_error(run: dict) -> str:
-    """The line that says why a failed run failed: the last ``error: ...`` line the ``ijepa``
-    command wrote to the job's stderr, else the last line of the traceback submitit kept."""
+    """The line that says why a run failed: the last ``error: ...`` line the ``ijepa`` command
+    wrote to the job's stderr, else the last line of the traceback submitit kept (a timed-out
+    run's message: where it saved its state)."""
+    result = Path(run["result"])
+    trace = ""
+    if result.is_file():
+        with open(result, "rb") as f:
+            _, trace = pickle.load(f)
+    if last_line(trace).startswith(TIMED_OUT):
+        return last_line(trace).removeprefix(TIMED_OUT)
     stderr = Path(run.get("stdout", "")).with_suffix(".err") if run.get("stdout") else None
     if stderr is not None and stderr.is_file():
         lines = [line.strip() for line in stderr.read_text(errors="replace").splitlines() if line.strip()]
         own = [line for line in lines if line.startswith("error: ")]
         if own:
             return own[-1].removeprefix("error: ")
-    result = Path(run["result"])
-    if result.is_file():
-        with open(result, "rb") as f:
-            _, trace = pickle.load(f)
-        lines = [line.strip() for line in str(trace).splitlines() if line.strip()]
-        if lines:
-            return lines[-1]
-    return "-"
+    return last_line(trace) or "-"
+
+
+def last_line(trace) -> str:
+    lines = [line.strip() for line in str(trace).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def run_state(run: dict, executor: str) -> str:
     result = Path(run["result"])
     if result.is_file():
         with open(result, "rb") as f:
-            outcome, _ = pickle.load(f)
-        return "completed" if outcome == "success" else "failed"
+            outcome, trace = pickle.load(f)
+        if outcome == "success":
+            return "completed"
+        return "timed out" if last_line(trace).startswith(TIMED_OUT) else "failed"
     if executor == "slurm" and shutil.which("sacct"):
         try:
             import submitit  # optional (the `cluster` extra)
@@ -99,7 +122,7 @@ def rows(folder: Path) -> list[dict[str, str]]:
         overrides = " ".join(f"{key}={value}" for key, value in run["overrides"].items())
         row = {"run": run["run"], "job": run["job_id"], "overrides": overrides or "-"}
         row["state"] = run_state(run, manifest["executor"])
-        if row["state"] == "failed":
+        if row["state"] in ("failed", "timed out"):
             row["error"] = last_error(run).replace("|", "/")  # a markdown cell
         found.append(row | {tag: f"{value:.4f}" for tag, value in metrics.items()})
     return found

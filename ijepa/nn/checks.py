@@ -97,12 +97,23 @@ def _size(count: int) -> str:
     return f"{count / 1e9:,.1f} GB" if count >= 1e9 else f"{count / 1e6:,.1f} MB"
 
 
+TOKEN_ADVICE = "Use a larger patch_size or a smaller image_size, or raise model.max_tokens (null: no bound)."
+
+
 def check_token_grid(
-    image_size: int, patch_size: int, num_frames: int, tubelet_size: int, width: int, num_heads: int, max_tokens
+    image_size: int,
+    patch_size: int,
+    num_frames: int,
+    tubelet_size: int,
+    width: int,
+    num_heads: int,
+    max_tokens,
+    advice: str = TOKEN_ADVICE,
 ) -> int:
     """The tokens of one image (clip), refused when the grid is under 2 x 2 (no context and target
     blocks to draw) or holds more than ``max_tokens`` (None: no bound), with what one image would
-    cost: a grid of 512 x 512 tokens trains for hours before anything else goes wrong."""
+    cost: a grid of 512 x 512 tokens trains for hours before anything else goes wrong. ``advice``
+    ends the message: what the caller's user can change."""
     if max_tokens is not None:
         check_range(max_tokens, "max_tokens", 4)
     side = image_size // patch_size
@@ -119,7 +130,6 @@ def check_token_grid(
         raise ValueError(
             f"image_size={image_size} / patch_size={patch_size} makes {tokens:,} tokens per "
             f"{'clip' if num_frames else 'image'}, above max_tokens={max_tokens:,}: each block's token features take "
-            f"{_size(features)} per image and its attention scores, without a fused kernel, {_size(scores)}. "
-            "Use a larger patch_size or a smaller image_size, or raise model.max_tokens (null: no bound)."
+            f"{_size(features)} per image and its attention scores, without a fused kernel, {_size(scores)}. {advice}"
         )
     return tokens

@@ -4,6 +4,7 @@ run of them stops the run naming a checkpoint, and a resumed run decides as the 
 import copy
 import math
 import statistics
+import warnings
 
 import lightning as L
 import pytest
@@ -208,3 +209,25 @@ def test_an_option_out_of_range_is_refused_naming_it_and_its_range(option, value
 def test_gradient_accumulation_is_refused(tmp_path):
     with pytest.raises(ValueError, match="LossSpikeSkip needs trainer.accumulate_grad_batches 1, got 2"):
         fit(tmp_path, (), 2, LossSpikeSkip(), accumulate_grad_batches=2)
+
+
+def test_a_warmup_that_the_run_never_passes_is_warned_at_fit_start_naming_it_and_max_steps(tmp_path):
+    # steps 0..2: warm-up 3 covers them all, so no step could ever be skipped
+    with pytest.warns(UserWarning) as caught:
+        fit(tmp_path / "never", (), 3, LossSpikeSkip(warmup_steps=3))
+    lines = [str(w.message) for w in caught if "LossSpikeSkip" in str(w.message)]
+    assert lines == [
+        "LossSpikeSkip.warmup_steps=3 is not below the run's trainer.max_steps=3: no step comes after the warm-up, "
+        "so it will never act (no loss spike is skipped). Set warmup_steps below the run's length, or remove the "
+        "callback."
+    ]
+    # one step past the warm-up: the guard can act there, so nothing is said
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(tmp_path / "acts", (), 3, LossSpikeSkip(warmup_steps=2))
+    assert not [w for w in caught if "LossSpikeSkip" in str(w.message)]
+
+
+def test_a_warmup_past_a_run_bounded_by_epochs_names_its_steps_and_max_epochs(tmp_path):
+    with pytest.warns(UserWarning, match=r"^LossSpikeSkip.warmup_steps=100 is not below the run's 5 optimizer steps "):
+        fit(tmp_path, (), -1, LossSpikeSkip(), max_epochs=1)  # 80 images in batches of 16

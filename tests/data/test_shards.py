@@ -1,6 +1,9 @@
 """Sharded data (ijepa prepare, ShardsSource): shards give the image folder's images, labels,
 order and runs, bit for bit, and refuse bad input with a message naming it."""
 
+import json
+import warnings
+import zlib
 from pathlib import Path
 from unittest import mock
 
@@ -173,6 +176,91 @@ def test_a_deleted_or_cut_chunk_is_named_at_setup_before_any_step(tmp_path, fold
         f"data.source.root={str(copy)!r}: the chunk {chunk} {problem}; the shards were changed after ijepa prepare. "
         "Restore the file or write the shards again."
     )
+
+
+def copy_of(shards: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(shards, tmp_path / "shards"))
+
+
+def flip_bytes(path: Path, start: int, count: int = 16) -> None:
+    """Invert ``count`` bytes of the file from ``start``: the same size, other contents."""
+    data = bytearray(path.read_bytes())
+    data[start : start + count] = bytes(255 - byte for byte in data[start : start + count])
+    path.write_bytes(bytes(data))
+
+
+def without_checksums(shards: Path) -> None:
+    """The index as ijepa prepare wrote it before it recorded checksums."""
+    index = json.loads((shards / INDEX_FILE).read_text())
+    for split in index["splits"].values():
+        split.pop("chunk_crc32", None)
+    (shards / INDEX_FILE).write_text(json.dumps(index))
+
+
+def test_prepare_records_the_crc32_of_every_chunk_and_intact_shards_pass_it(folder_and_shards):
+    shards = folder_and_shards[1]
+    recorded = json.loads((shards / INDEX_FILE).read_text())["splits"]["train"]["chunk_crc32"]
+    chunks = [chunk["filename"] for chunk in json.loads((shards / "train" / "index.json").read_text())["chunks"]]
+    assert list(recorded) == ["index.json", *chunks] and len(chunks) > 1
+    for name, crc in recorded.items():
+        assert crc == f"{zlib.crc32((shards / 'train' / name).read_bytes()):08x}", name
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no note: these shards have checksums
+        datamodule(ShardsSource(str(shards))).setup("fit")
+
+
+def test_a_chunk_corrupted_in_place_is_named_at_setup_with_its_checksums_and_the_advice_to_prepare_again(
+    tmp_path, folder_and_shards
+):
+    copy = copy_of(folder_and_shards[1], tmp_path)
+    chunk = sorted((copy / "train").glob("chunk-*.bin"))[-1]
+    size = chunk.stat().st_size
+    recorded = json.loads((copy / INDEX_FILE).read_text())["splits"]["train"]["chunk_crc32"][chunk.name]
+    flip_bytes(chunk, size // 2 - 8)  # image bytes: litdata reads on, the JPEG decodes to other pixels
+    assert chunk.stat().st_size == size
+    found = f"{zlib.crc32(chunk.read_bytes()):08x}"
+    with pytest.raises(ValueError) as error:
+        datamodule(ShardsSource(str(copy))).setup("fit")
+    assert str(error.value) == (
+        f"data.source.root={str(copy)!r}: the chunk {chunk} is corrupt: its CRC-32 is {found} where {INDEX_FILE} "
+        f"records {recorded} (it changed after ijepa prepare wrote it). Restore the file or re-run `ijepa prepare` to "
+        "write the shards again."
+    )
+
+
+def test_old_shards_without_checksums_still_load_with_one_note(tmp_path, folder_and_shards):
+    copy = copy_of(folder_and_shards[1], tmp_path)
+    without_checksums(copy)
+    with pytest.warns(UserWarning) as caught:
+        for _ in range(2):
+            data = datamodule(ShardsSource(str(copy)))
+            data.setup("fit")
+    notes = [str(w.message) for w in caught if "checksums" in str(w.message)]
+    assert notes == [
+        f"data.source.root={str(copy)!r}: {INDEX_FILE} records no chunk checksums (written before ijepa prepare "
+        "recorded them): chunks are checked for their size only; write the shards again to have their contents "
+        "checked too."
+    ]
+    assert len(data.split("pretrain")) > 0 and data.split("pretrain")[0][0].shape[0] == 3
+
+
+def test_an_item_whose_chunk_litdata_cannot_read_names_the_chunk_and_the_shard_folder(tmp_path, folder_and_shards):
+    copy = copy_of(folder_and_shards[1], tmp_path)
+    without_checksums(copy)  # shards written before the checksums: setup cannot tell
+    chunk = sorted((copy / "train").glob("chunk-*.bin"))[0]
+    flip_bytes(chunk, 0)  # the chunk's header: its item count and offsets
+    dataset = ShardImages(str(copy / "train"), [0] * 20, ["circle", "ring"])
+    with pytest.raises(ValueError) as error:
+        dataset[0]
+    message = str(error.value)
+    assert message.startswith(f"{copy / 'train'} item 0 (chunk {chunk}) cannot be read by litdata (")
+    assert message.endswith(
+        "the shards were corrupted or changed after ijepa prepare; restore them or re-run `ijepa prepare` to write "
+        "them again."
+    )
+    assert "\n" not in message
 
 
 @pytest.mark.parametrize(("given", "read"), [("64MB", "64MB"), ("512kb", "512kb"), ("1000000", 1_000_000)])

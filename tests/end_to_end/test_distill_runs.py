@@ -5,12 +5,14 @@ import lightning as L
 import pytest
 import torch
 import yaml
-from conftest import ROOT, TINY_MODEL, tiny_datamodule, tiny_trainer
+from conftest import ROOT, TINY_MODEL, save_tiny_checkpoint, tiny_datamodule, tiny_trainer
 from helpers import Recorder, Stop, save_teacher
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ijepa.cli import main
 from ijepa.distill import DistillIJEPA
+from ijepa.interop import load_encoder, load_hf
+from ijepa.module import IJEPA
 
 pytestmark = pytest.mark.slow
 
@@ -97,3 +99,62 @@ def test_ijepa_distill_names_a_bad_teacher_in_one_line(tmp_path, capsys):
     assert exit.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: model: teacher=") and "does not exist" in err[-1]
+
+
+HALF = ROOT / "configs" / "distill" / "quickstart_half.yaml"
+
+
+def half_args(root, teacher) -> list[str]:
+    """configs/distill/quickstart_half.yaml made tiny (sizes and steps only): the test teacher's grid
+    (32 px / patch 8), a student of half its width (16), 2 steps of 8 images on the CPU."""
+    return [
+        "--config", str(HALF), f"--model.teacher={teacher}", f"--trainer.default_root_dir={root}",
+        "--trainer.accelerator=cpu", "--trainer.max_steps=2", "--trainer.enable_progress_bar=false",
+        "--data.image_size=32", "--data.batch_size=8", "--data.num_workers=0",
+        "--data.source.train_size=16", "--data.source.val_size=8",
+        "--model.embed_dim=16", "--model.depth=1", "--model.num_heads=2",
+        "--model.predictor_embed_dim=16", "--model.predictor_depth=1", "--model.predictor_num_heads=2",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def half_student(tmp_path_factory):
+    """``(teacher, run folder, last.ckpt)`` of ``ijepa distill`` with the shipped half-width config."""
+    root = tmp_path_factory.mktemp("half")
+    teacher = save_teacher(root / "teacher.ckpt")
+    main(["distill", *half_args(root / "runs", teacher)])
+    return teacher, root / "runs", root / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def test_a_student_of_the_shipped_config_converts_validates_loads_and_resumes(half_student, tmp_path):
+    teacher, runs, last = half_student
+    saved = torch.load(last, weights_only=True)
+    assert saved["hyper_parameters"]["target_dim"] == 32 and saved["hyper_parameters"]["embed_dim"] == 16
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    student = load_encoder(last, "target")(images)
+    plain = IJEPA.load_from_checkpoint(last, weights_only=True).eval()
+    assert torch.equal(plain(images), student)
+    main(["convert", str(last), str(tmp_path / "hf"), "hf"])
+    torch.testing.assert_close(load_hf(tmp_path / "hf")(images), student, rtol=1e-5, atol=1e-5)
+    assert f"| distilled from | `{teacher}` (ijepa checkpoint" in (tmp_path / "hf" / "README.md").read_text()
+    main(["convert", str(last), str(tmp_path / "weights.ckpt"), "ckpt"])
+    assert torch.equal(IJEPA.load_from_checkpoint(tmp_path / "weights.ckpt", weights_only=True).eval()(images), student)
+    main(["distill", "validate", *half_args(tmp_path / "validate", teacher), f"--ckpt_path={last}"])
+    main(["distill", *half_args(runs, teacher), f"--ckpt_path={last}", "--trainer.max_steps=3"])
+    resumed = sorted(runs.glob("lightning_logs/version_*/checkpoints/last.ckpt"))[-1]
+    assert resumed != last and torch.load(resumed, weights_only=True)["global_step"] == 3
+
+
+def test_ijepa_distill_refuses_in_one_line_to_resume_a_student_with_another_teacher(half_student, tmp_path, capsys):
+    teacher, runs, last = half_student
+    torch.manual_seed(7)  # another width too: this run's target_dim is its teacher's, not the checkpoint's
+    other = save_tiny_checkpoint(IJEPA(**{**TINY_MODEL, "embed_dim": 48}), tmp_path / "other.ckpt")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        main(["distill", *half_args(tmp_path / "runs", other), f"--ckpt_path={last}", "--trainer.max_steps=3"])
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    digest = torch.load(last, weights_only=True)["distillation"]["teacher_sha256"]
+    assert exit.value.code == 2 and "Traceback" not in err, err
+    assert line.startswith(f"error: ckpt_path={str(last)!r} was distilled from teacher={str(teacher)!r} (target ")
+    assert f"sha256 {digest[:12]}), this run's teacher={str(other)!r} (target encoder, weights sha256 " in line

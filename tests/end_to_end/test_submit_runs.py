@@ -1,4 +1,5 @@
-"""`ijepa submit` running its fits: a local sweep, and a SLURM requeue that resumes bit-identical."""
+"""`ijepa submit` running its fits: a local sweep, a local job at its time limit, and a SLURM requeue
+that resumes bit-identical."""
 
 import csv
 import json
@@ -79,6 +80,25 @@ def test_a_local_two_point_sweep_runs_each_point_in_its_own_folder_and_its_table
     ends = [torch.load(next((folder / "runs" / run).rglob("last.ckpt")), weights_only=True) for run in ("000", "001")]
     assert [end["hyper_parameters"]["lr"] for end in ends] == [1e-3, 2e-3]
     assert [end["global_step"] for end in ends] == [4, 4]
+
+
+def test_a_local_job_at_its_time_limit_saves_preempted_ckpt_the_table_says_timed_out_and_submit_exits_1(
+    tmp_path, capsys
+):
+    # submitit's local executor signals the job --signal-delay seconds before --time: here 30 s in
+    folder = tmp_path / "sweep"
+    args = ["submit", "--executor", "local", "--time", "1", "--signal-delay", "30", "--folder", str(folder)]
+    fit = ["fit", "--config", str(TINY_CONFIG), "--trainer.max_steps=100000", "--trainer.check_val_every_n_epoch=1000"]
+    with mock.patch.dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"), pytest.raises(SystemExit) as exit:
+        main([*args, "--", *fit])
+    err = capsys.readouterr().err
+    assert exit.value.code == 1 and "error: 1 run(s) timed out: 000" in err, err
+    with open(folder / "sweep_table.csv") as f:
+        (row,) = csv.DictReader(f)
+    saved = folder / "runs" / "000" / "lightning_logs" / "version_0" / "checkpoints" / "preempted.ckpt"
+    assert row["state"] == "timed out" and row["error"].endswith(f"resume with --ckpt_path {saved}"), row
+    checkpoint = torch.load(saved, weights_only=True)
+    assert 0 < checkpoint["global_step"] < 100000
 
 
 def _fit(folder: Path, steps: int, env: dict, *args: str) -> subprocess.Popen:

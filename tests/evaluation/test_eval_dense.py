@@ -4,17 +4,21 @@
 without masks or counts and bad settings."""
 
 import json
+import shutil
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import ROOT, TINY_MODEL
 from lightning.fabric import Fabric
+from PIL import Image
 from torch.utils.data import Dataset
 
 from ijepa.data.batch import IGNORE_INDEX
-from ijepa.data.sources import ShapesSource
+from ijepa.data.sources import ImageFolderSource, ShapesSource
 from ijepa.evaluation import (
     CountingProtocol,
     EvalData,
@@ -218,6 +222,69 @@ def test_counting_refuses_data_without_counts_and_segmentation_data_without_mask
         ValueError, match=r"needs masks: data.source ShapesSource gives none; set .*dense: true.*masks:"
     ):
         Evaluation(str(checkpoint), [segmentation()], **options).run()
+
+
+def write_cells(images: Path, masks: Path, split: str, per_class: int, seed: int) -> None:
+    """32 x 32 images of 8 x 8 cells, each of a class 0..2 drawn at random (class c: channel c lit), in
+    two image classes, and their index-PNG masks at the same relative paths under ``masks``."""
+    g = torch.Generator().manual_seed(seed)
+    for label in ("a", "b"):
+        for index in range(per_class):
+            cells = torch.randint(0, 3, (4, 4), generator=g)
+            classes = cells.repeat_interleave(8, 0).repeat_interleave(8, 1).numpy().astype(np.uint8)
+            image = np.stack([(classes == c) * 255 for c in range(3)], -1).astype(np.uint8)  # class c: channel c
+            for root, picture in ((images, Image.fromarray(image)), (masks, Image.fromarray(classes, mode="L"))):
+                (root / split / label).mkdir(parents=True, exist_ok=True)
+                picture.save(root / split / label / f"{index:02d}.png")
+
+
+def cell_segmentation(images: Path, masks: Path, out: Path, num_classes: int | None) -> dict:
+    protocol = SegmentationProtocol(lrs=[0.1], weight_decays=[0.0], epochs=20, num_classes=num_classes)
+    data = EvalData(
+        ImageFolderSource(str(images), masks=str(masks)),
+        image_size=32,
+        batch_size=8,
+        num_workers=0,
+        val_fraction=0.25,
+    )
+    return Evaluation(PIXELS, [protocol], data=data, output_dir=str(out), accelerator="cpu", cache=False).run()[0]
+
+
+@pytest.mark.parametrize("num_classes", [None, 4])
+def test_a_test_mask_label_outside_the_training_classes_is_named_and_ignored_as_mmsegmentation_ignores_it(
+    tmp_path, num_classes
+):
+    images, masks, clean = tmp_path / "images", tmp_path / "masks", tmp_path / "clean"
+    write_cells(images, masks, "train", 8, 0)
+    write_cells(images, masks, "val", 2, 1)  # the test split
+    shutil.copytree(masks, clean)
+    stray = masks / "val" / "b" / "01.png"
+    values = np.array(Image.open(stray))
+    values[4:8, 8:12] = 7  # one 4 x 4 patch of a class the train split never shows
+    Image.fromarray(values, mode="L").save(stray)
+    values[4:8, 8:12] = IGNORE_INDEX  # the same pixels, ignored by the masks themselves
+    Image.fromarray(values, mode="L").save(clean / "val" / "b" / "01.png")
+
+    with pytest.warns(UserWarning) as caught:
+        found = cell_segmentation(images, masks, tmp_path / "stray", num_classes)
+    known = "1 + the largest class id of the train split's masks" if num_classes is None else "num_classes=4"
+    classes = num_classes or 3
+    assert [str(w.message) for w in caught if "outside the classes" in str(w.message)] == [
+        f"segmentation: 1 test mask(s) hold label(s) [7] outside the classes 0..{classes - 1} ({known}); their 16 "
+        f"pixels are ignored, as mmsegmentation ignores them (ignore_index 255): {stray}: label 7 (16 pixels). Fix "
+        "those masks (then evaluate with --cache false: the feature cache holds the masks as read), or set "
+        "num_classes to score such labels as classes."
+    ]
+    assert found["ignored_test_labels"] == {"7": 16}
+    assert found["num_classes"] == classes and len(found["test_iou"]) == classes  # one IoU per class the heads know
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*outside the classes")
+        expected = cell_segmentation(images, clean, tmp_path / "clean_out", num_classes)
+    assert expected["ignored_test_labels"] == {}
+    assert found["test_miou"] == expected["test_miou"] and found["test_iou"] == expected["test_iou"]
+    assert found["test_pixel_accuracy"] == expected["test_pixel_accuracy"]
+    assert found["val_miou"] == expected["val_miou"]
 
 
 def run_cli(args: list[str], capsys) -> str:
