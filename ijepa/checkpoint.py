@@ -522,7 +522,7 @@ def resume_advice(saved: list[tuple[int, str]], global_step: int) -> str:
     """Which checkpoint a diverged run should resume from, and how, given
     :func:`saved_checkpoints`."""
     if not saved:
-        return "No checkpoint of this run was written: restart with a lower model.lr or longer model.warmup_steps."
+        return "No checkpoint of this run was written: restart with a lower model.optim.lr or longer model.optim.warmup_steps."
     (step, newest), earlier = saved[0], saved[1:]
     # A finite checkpoint can already hold a diverging state (weights grown by an lr that is
     # too high): resumed, even at lr 0, its next step's gradients overflow. So the advice
@@ -534,14 +534,14 @@ def resume_advice(saved: list[tuple[int, str]], global_step: int) -> str:
     )
     if not earlier:
         return (
-            f"The only checkpoint left, {newest} (step {step}), is {state}; resume it with a lower model.lr "
-            "or a longer model.warmup_steps, or restart if it diverges again at once."
+            f"The only checkpoint left, {newest} (step {step}), is {state}; resume it with a lower model.optim.lr "
+            "or a longer model.optim.warmup_steps, or restart if it diverges again at once."
         )
     return (
         f"Resume from the checkpoint before the newest, {earlier[0][1]} (step {earlier[0][0]}), with a lower "
-        f"model.lr or a longer model.warmup_steps (or precision 32-true / bf16-mixed); the newest, {newest} "
+        f"model.optim.lr or a longer model.optim.warmup_steps (or precision 32-true / bf16-mixed); the newest, {newest} "
         f"(step {step}), is {state}: resumed, it can give NaN at its next step at any learning rate. If the "
-        "one before diverges at once too, the divergence began earlier: restart with a lower model.lr."
+        "one before diverges at once too, the divergence began earlier: restart with a lower model.optim.lr."
     )
 
 

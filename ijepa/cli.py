@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ from ijepa.evaluation import runner as evaluation
 from ijepa.interop import convert
 from ijepa.launch import submit as launcher
 from ijepa.launch.requeue import StepBoundaryRequeue
-from ijepa.legacy import upgrade_hparams
+from ijepa.legacy import upgrade_config, upgrade_hparams, upgrade_model_flags
 from ijepa.module import IJEPA
 from ijepa.option_errors import (
     CLASS_KEYS,
@@ -135,6 +136,8 @@ class IJEPACLI(LightningCLI):
             if label is None:  # chosen by class_path: a callback, a data source
                 key = self._key_naming(cls)
                 label = f"{key}: {cls.__name__}" if key else cls.__name__
+        if str(own).startswith(("model.", "data.", "trainer.")):  # it names its option itself
+            label = None
         message = f"{label}: {own}" if label else str(own)
         return message if own is error else f"{message}\n{error}"
 
@@ -176,6 +179,9 @@ class IJEPACLI(LightningCLI):
         else:  # a dict or Namespace of arguments names no flags
             self._raw_args = list(args) if isinstance(args, (list, tuple)) else []
         refuse_optimizer_options(self._raw_args)
+        upgraded = upgrade_model_flags(self._raw_args)  # --model.lr -> --model.optim.lr (ijepa.legacy)
+        if upgraded is not self._raw_args:
+            self._raw_args = args = upgraded
         super().parse_arguments(parser, args)
 
     def _explicit_model_keys(self, subcommand: str) -> set[str]:
@@ -189,7 +195,9 @@ class IJEPACLI(LightningCLI):
                 keys.add(arg[len("--model.") :].split("=")[0])
         for path in config.get("config") or []:
             with open(getattr(path, "absolute", path)) as f:
-                keys |= set((yaml.safe_load(f) or {}).get("model") or {})
+                loaded = yaml.safe_load(f)
+            section = upgrade_config(loaded)[0].get("model") or {} if isinstance(loaded, dict) else {}
+            keys |= set(_flat_optim(section))
         return keys
 
     def _parse_ckpt_path(self) -> None:
@@ -240,7 +248,7 @@ class IJEPACLI(LightningCLI):
                 f"or past its end, so fit restores it and trains nothing. Raise trainer.max_steps above {step} to "
                 "train on (the schedules then stretch to the new length)."
             )
-        hparams = upgrade_hparams(checkpoint.get("hyper_parameters", {}))
+        hparams = _flat_optim(upgrade_hparams(checkpoint.get("hyper_parameters", {})))  # optim.lr: one key each
         ignored = ("image_size", "patch_size", "_instantiator", *getattr(self.model_class, "SET_BY_TEACHER", ()))
         hparams = {k: v for k, v in hparams.items() if k not in ignored}
         if not hparams:
@@ -260,7 +268,10 @@ class IJEPACLI(LightningCLI):
                 "Resuming from ckpt_path with this run's own "
                 + ", ".join(f"model.{key}={current.get(key)} (checkpoint: {hparams[key]})" for key in differs)
             )
-        stored = {key: value for key, value in hparams.items() if key not in explicit}
+        stored = {key: value for key, value in hparams.items() if key not in explicit and "." not in key}
+        optim = {key[6:]: value for key, value in hparams.items() if key.startswith("optim.") and key not in explicit}
+        if optim:
+            stored["optim"] = optim
         try:
             self.config = self.parser.parse_object({subcommand: {"model": stored}}, self.config)
         except SystemExit:
@@ -290,10 +301,18 @@ def refuse_optimizer_options(args: list[str]) -> None:
                 named |= set(section) & set(OPTIMIZER_KEYS)
     if named:
         raise ValueError(
-            f"{' and '.join(sorted(named))} cannot be set: the model builds its own AdamW (parameter groups with and without "
-            f"weight decay, a scheduled weight decay, warm-up + cosine learning rate). Set model.lr, model.start_lr, "
-            f"model.final_lr, model.warmup_steps, model.weight_decay, model.final_weight_decay and model.betas instead."
+            f"{' and '.join(sorted(named))} cannot be set: the model builds its own AdamW (parameter groups with and "
+            "without weight decay, a scheduled weight decay, warm-up + cosine learning rate). Set model.optim instead: "
+            "lr, start_lr, final_lr, warmup_steps, weight_decay, final_weight_decay, betas (--model.optim.lr 1e-3)."
         )
+
+
+def _flat_optim(model: dict) -> dict:
+    """A model section or hyperparameters with ``optim: {lr: ...}`` as ``optim.lr`` keys, one per option."""
+    optim = model.get("optim")
+    if not isinstance(optim, dict):
+        return model
+    return {**{k: v for k, v in model.items() if k != "optim"}, **{f"optim.{k}": v for k, v in optim.items()}}
 
 
 def _differ(run_value, stored_value) -> bool:
@@ -340,7 +359,9 @@ def fit_arguments_error(args: list[str]) -> str | None:
     for each in parsers:
         each.exit_on_error = False
     try:
-        parser.parse_args(["fit", *args])
+        with warnings.catch_warnings():  # the run itself says it, once
+            warnings.simplefilter("ignore", FutureWarning)
+            parser.parse_args(["fit", *upgrade_model_flags(args)])
     except Exception as error:  # jsonargparse's ArgumentError, or a class's own refusal of a value
         return str(innermost_error(error)).strip().splitlines()[0]
     return None

@@ -42,7 +42,7 @@ from ijepa.legacy import upgrade_hparams
 from ijepa.module import IJEPA
 from ijepa.nn.checks import check_range
 from ijepa.nn.vit import DropPath, VisionTransformer
-from ijepa.objectives import StepOutput, step_targets, target_blocks
+from ijepa.step import StepOutput, step_targets, target_blocks
 
 OBJECTIVES = ("jepa", "features")
 
@@ -238,14 +238,17 @@ class DistillIJEPA(IJEPA):
         self.teacher.eval()
         return self
 
-    def predict_targets(self, batch: GridBatch) -> StepOutput:
-        """The JEPA step with the teacher's targets (:meth:`IJEPA.predict_targets`), or with
+    def predict(self, batch: GridBatch | PackedBatch) -> StepOutput:
+        """The JEPA step with the teacher's targets (:meth:`IJEPA.predict`), or with
         ``objective: features`` every student token through the head against the teacher's:
-        ``predictions`` and ``targets`` ``[B, 1, N, D_teacher]``, ``context`` the student's ``[B, N, D]``."""
+        ``predictions`` and ``targets`` ``[B, 1, N, D_teacher]``, ``context`` the student's ``[B, N, D]``.
+        Square batches only."""
+        if isinstance(batch, PackedBatch):
+            raise ValueError("ijepa distill takes square batches, not native-resolution (packed) ones.")
         if batch.patch_size is not None and int(batch.patch_size) != self.hparams.patch_size:
             raise ValueError("ijepa distill takes one patch size (data.train_patch_sizes is for ijepa fit).")
         if self.distillation["objective"] == "jepa":
-            return super().predict_targets(batch)
+            return super().predict(batch)
         hp = self.hparams
         with torch.no_grad():
             features, normed = step_targets(
@@ -258,9 +261,6 @@ class DistillIJEPA(IJEPA):
             predictions[:, None], normed[:, None], tokens, features,
             context_indices=every, target_indices=every[:, None], grid=tuple(self.encoder.grid),
         )  # fmt: skip
-
-    def predict_packed(self, batch: PackedBatch) -> StepOutput:
-        raise ValueError("ijepa distill takes square batches, not native-resolution (packed) ones.")
 
     def jepa_step(self, batch: GridBatch | PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss; outside training also the student's features ``[B, N, D]`` (what the

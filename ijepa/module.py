@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 
 import lightning as L
@@ -26,31 +27,26 @@ from ijepa.checkpoint import (
 from ijepa.data.batch import GridBatch, LabeledBatch, PackedBatch
 from ijepa.legacy import upgrade_hparams
 from ijepa.nn.checks import check_heads, check_range, check_token_grid, index_checks
-from ijepa.nn.packing import pack_images, pooled_per_image
+from ijepa.nn.packing import pooled_per_image
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.sharding import data_parallel_mesh, is_sharded, shard_network
 from ijepa.nn.video import temporal_positions
 from ijepa.nn.vit import VisionTransformer
-from ijepa.objectives import (
-    TARGET_NORMS,
-    Objective,
-    StepOutput,
-    check_resumed_levels,
-    normalize_targets,  # noqa: F401 (ijepa.module's public name since the start)
-    objective_from_config,
-    refuse_packed,
-    target_blocks,
-)
-from ijepa.optim import Schedules, build_adamw, lr_scheduler, parameter_groups, rebase_schedulers, set_weight_decay
+from ijepa.objectives import Objective, check_resumed_levels, objective_from_config, refuse_packed
+from ijepa.optim import OptimConfig, build_adamw, lr_scheduler, rebase_schedulers, set_weight_decay
 from ijepa.regularizers import ContextTokens, Regularizer, log_names, regularizer_from_config
 from ijepa.step import (
     LOSSES,
+    TARGET_NORMS,
+    StepOutput,
     forward_context,
     forward_context_packed,
     forward_target,
     forward_target_packed,
     mask_repeats,
     prediction_loss,
+    step_patch_size,
+    target_blocks,
 )
 from ijepa.strategy import refuse_fsdp1
 
@@ -112,13 +108,9 @@ class IJEPA(L.LightningModule):
         rescale_residuals: divide each block's residual output projections by ``sqrt(2 * layer)``
             at init (the I-JEPA ViT's constructor); false starts as official I-JEPA training does,
             whose ``init_model`` redraws every Linear after that rescale.
-        lr: peak learning rate, reached after ``warmup_steps``.
-        start_lr: learning rate at step 0 (linear warm-up from it).
-        final_lr: learning rate at the last step (cosine decay to it).
-        warmup_steps: optimizer steps of linear warm-up.
-        weight_decay: AdamW weight decay at step 0 (not on biases, norms, position tables, mask token).
-        final_weight_decay: weight decay at the last step (cosine schedule).
-        betas: AdamW betas.
+        optim: the optimiser's options (:class:`ijepa.optim.OptimConfig`: ``lr``, ``start_lr``,
+            ``final_lr``, ``warmup_steps``, ``weight_decay``, ``final_weight_decay``, ``betas``),
+            ``model.optim.*`` in a config; a dict (a checkpoint's) is read as one.
         num_frames: 0 for images; for clips ``[B, C, T, H, W]`` the frames per clip, with a tubelet
             encoder and a video ``pos_embed`` / ``predictor_pos_embed`` (sincos_3d, learned_flat_3d,
             mrope); see ``docs/video.md``. A clip batch may carry ``frame_times [B, T]`` in seconds.
@@ -130,7 +122,7 @@ class IJEPA(L.LightningModule):
             indices would; at 1 s a 0.1 s gap barely rotates anything.
         compile: wrap the encoders and predictor in ``torch.compile`` (state-dict keys unchanged).
         compile_options: keyword arguments of that ``torch.compile`` (default ``{dynamic: true}``,
-            for masks whose token counts change per batch). With ``data.context_policy: static``
+            for masks whose token counts change per batch). With ``data.masks.init_args.context_policy: static``
             every batch has the same shapes: ``{dynamic: false, mode: reduce-overhead}`` captures
             the step once (CUDA graphs on a GPU).
         activation_checkpointing: 0 (off), or n: every n-th block of the online encoder and the
@@ -179,13 +171,7 @@ class IJEPA(L.LightningModule):
         regularizers: list[Regularizer] | None = None,
         objectives: list[Objective] | None = None,
         rescale_residuals: bool = True,
-        lr: float = 1e-3,
-        start_lr: float = 2e-4,
-        final_lr: float = 1e-6,
-        warmup_steps: int = 1000,
-        weight_decay: float = 0.04,
-        final_weight_decay: float = 0.4,
-        betas: tuple[float, float] = (0.9, 0.999),
+        optim: OptimConfig = OptimConfig(),  # noqa: B008 (frozen: one shared default is safe)
         num_frames: int = 0,
         tubelet_size: int = 2,
         time_unit: float = 1.0,
@@ -203,8 +189,6 @@ class IJEPA(L.LightningModule):
         positive = ("image_size", "patch_size", "in_channels", "embed_dim", "depth", "num_heads", "tubelet_size")
         for name in (*positive, "predictor_embed_dim", "predictor_depth", "predictor_num_heads"):
             check_range(given[name], name, 1)
-        for name in ("lr", "start_lr", "final_lr", "warmup_steps", "weight_decay", "final_weight_decay"):
-            check_range(given[name], name, 0)
         check_range(activation_checkpointing, "activation_checkpointing", 0)
         check_range(embed_dim if target_dim is None else target_dim, "target_dim", 1)
         check_range(mlp_ratio, "mlp_ratio", 0, low_open=True)
@@ -212,8 +196,6 @@ class IJEPA(L.LightningModule):
         check_range(predictor_mlp, "predictor_mlp_ratio", 0, low_open=True)
         check_range(drop_path_rate, "drop_path_rate", 0, 1, high_open=True)
         check_range(time_unit, "time_unit", 0, low_open=True)
-        for index, beta in enumerate(betas):
-            check_range(beta, f"betas[{index}]", 0, 1, high_open=True)
         if not 1 <= target_last_blocks <= depth:
             raise ValueError(f"target_last_blocks must be in [1, {depth}] (the depth), got {target_last_blocks}.")
         if target_norm not in TARGET_NORMS:
@@ -223,10 +205,13 @@ class IJEPA(L.LightningModule):
         # copied: two models given one list must not share a projector.
         regularizers = [regularizer_from_config(copy.deepcopy(member)) for member in regularizers or ()]
         objectives = [objective_from_config(copy.deepcopy(member)) for member in objectives or ()]
-        self.save_hyperparameters(ignore=["regularizers", "objectives"])
-        self.hparams["regularizers"] = [member.config() for member in regularizers]
-        self.hparams["objectives"] = [member.config() for member in objectives]
-        Schedules(lr, start_lr, final_lr, warmup_steps, weight_decay, final_weight_decay)  # refuses a peak below an end
+        self.optim = OptimConfig.of(optim)  # range-checked in its __post_init__
+        self.save_hyperparameters(ignore=["regularizers", "objectives", "optim"])
+        self.hparams.update(
+            optim=self.optim.record(),
+            regularizers=[m.config() for m in regularizers],
+            objectives=[m.config() for m in objectives],
+        )
         self.objectives, self.target_blocks = nn.ModuleList(objectives), target_blocks(objectives, depth)
         # How checkpoints from another resolution are adapted on load; the
         # PositionEmbeddingInterpolation callback sets these from the config.
@@ -240,35 +225,17 @@ class IJEPA(L.LightningModule):
         embedding = (num_frames, image_size, tubelet_size) if num_frames else (image_size,)
         build = VisionTransformer.for_clips if num_frames else VisionTransformer.for_images
         self.encoder = build(
-            *embedding,
-            patch_size,
-            in_channels,
-            embed_dim,
-            depth,
-            num_heads,
-            mlp_ratio,
-            drop_path_rate=drop_path_rate,
-            pos_embed=pos_embed,
-            rescale_residuals=rescale_residuals,
-            pos_options=pos_options,
-        )
+            *embedding, patch_size, in_channels, embed_dim, depth, num_heads, mlp_ratio, drop_path_rate=drop_path_rate,
+            pos_embed=pos_embed, rescale_residuals=rescale_residuals, pos_options=pos_options,
+        )  # fmt: skip
         grid = self.encoder.grid
         self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
         self.predictor = Predictor(
-            grid,
-            embed_dim,
-            predictor_embed_dim,
-            predictor_depth,
-            predictor_num_heads,
-            predictor_mlp,
-            drop_path_rate=drop_path_rate,
-            pos_embed=predictor_pos_embed,
-            mode=predictor_mode,
-            rescale_residuals=rescale_residuals,
-            pos_options=predictor_pos_options,
-            out_levels=len(self.target_blocks),
-            out_dim=target_dim,
-        )
+            grid, embed_dim, predictor_embed_dim, predictor_depth, predictor_num_heads, predictor_mlp,
+            drop_path_rate=drop_path_rate, pos_embed=predictor_pos_embed, mode=predictor_mode,
+            rescale_residuals=rescale_residuals, pos_options=predictor_pos_options,
+            out_levels=len(self.target_blocks), out_dim=target_dim,
+        )  # fmt: skip
         for network in (self.encoder, self.predictor):  # the networks that have a backward pass
             network.transformer.checkpoint_every = activation_checkpointing
         # weight 0 switches a member off: it builds no projector and costs nothing
@@ -352,15 +319,6 @@ class IJEPA(L.LightningModule):
             raise ValueError("frame_times were given for an image model (model.num_frames=0).")
         return {"frame_times": temporal_positions(frame_times, self.hparams.tubelet_size, self.hparams.time_unit)}
 
-    def step_patch_size(self, patch_size) -> dict[str, int]:
-        """``{"patch_size": p}`` for a batch cut at another patch size than the model's (FlexiViT:
-        ``GridBatch.patch_size``), else ``{}``."""
-        if patch_size is None or int(patch_size) == self.hparams.patch_size:
-            return {}
-        if self.hparams.num_frames:
-            raise ValueError("per-batch patch sizes (data.train_patch_sizes) are for image models, not clips.")
-        return {"patch_size": int(patch_size)}
-
     def forward(self, images: torch.Tensor, frame_times: torch.Tensor | None = None) -> torch.Tensor:
         """Target-encoder features of every patch, ``[B, C, H, W] -> [B, N, D]`` (clips
         ``[B, C, T, H, W]``, optionally with ``frame_times [B, T]``)."""
@@ -376,15 +334,29 @@ class IJEPA(L.LightningModule):
         """The training loss of one masked batch (see the class docstring for the shapes)."""
         return self.jepa_step(batch)[0]
 
-    def predict_targets(self, batch: GridBatch) -> StepOutput:
-        """One masked batch (images or clips) through :func:`ijepa.step.forward_target` then
-        :func:`ijepa.step.forward_context`: ``predictions`` and ``targets`` ``[R * B, M, Kt, D']``,
-        the context encoder's output ``[R * B, Kc, D]`` and the target encoder's last block
-        ``[B, N, D]`` (shapes: :mod:`ijepa.step`)."""
+    def predict(self, batch: GridBatch | PackedBatch) -> StepOutput:
+        """One masked batch through both branches (:mod:`ijepa.step`). A grid batch (images or
+        clips): :func:`~ijepa.step.forward_target` then :func:`~ijepa.step.forward_context`,
+        ``predictions`` and ``targets`` ``[R * B, M, Kt, D']``, the context ``[R * B, Kc, D]``, the
+        target encoder's last block ``[B, N, D]``. A native-resolution batch
+        (:class:`ijepa.data.native.PackedMaskCollator`): the packed pair, ``predictions`` and
+        ``targets`` ``[T, D]``, the packed context ``[S, L, D]`` with ``context_mask`` and
+        ``context_pooled [B, D]``, and each image's mean target feature ``[B, D]``."""
+        if isinstance(batch, PackedBatch):
+            refuse_packed(self.objectives, self.hparams.target_last_blocks)
+            count, slot = len(batch), batch.pred_target_slot
+            targets, features = forward_target_packed(
+                self.target_encoder, batch.full, slot, count, self.hparams.target_norm
+            )
+            context, predictions = forward_context_packed(
+                self.encoder, self.predictor, batch.context, batch.pred, batch.pred_context_slot, slot
+            )
+            pooled = pooled_per_image(context, batch.context.image_ids, count)
+            return StepOutput(predictions, targets, context, features, batch.context.real, pooled)
         hp, masks = self.hparams, (batch.context_indices, batch.target_indices)
         mask_repeats(batch.images.size(0), *masks)
         times = self.token_times(batch.frame_times)  # a clip's timestamps -> temporal positions
-        flexi = self.step_patch_size(batch.patch_size)  # a FlexiViT batch's masks are on its own grid
+        flexi = step_patch_size(batch.patch_size, hp.patch_size, hp.num_frames)  # a FlexiViT batch's own grid
         grid = (hp.image_size // flexi["patch_size"],) * 2 if flexi else tuple(self.encoder.grid)
         with_context = any(member.predicts_context(self.global_step) for member in self.objectives)
         with index_checks(hp.debug_checks):
@@ -401,28 +373,6 @@ class IJEPA(L.LightningModule):
             context_predictions, context_targets, *masks, grid,
         )  # fmt: skip
 
-    def prediction_loss(
-        self,
-        predictions: torch.Tensor,
-        targets: torch.Tensor,
-        reduction: str = "mean",
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """``model.loss`` between predictions and targets (:func:`ijepa.step.prediction_loss`)."""
-        return prediction_loss(predictions, targets, self.hparams.loss, reduction, mask)
-
-    @torch.no_grad()
-    def native_features(
-        self, images: list[torch.Tensor], encoder: str = "target", token_budget: int | None = None
-    ) -> torch.Tensor:
-        """Mean-pooled features ``[B, D]`` of images at their own sizes (each ``[C, H, W]``, sides
-        multiples of the patch size, at most ``image_size``), packed several to a sequence of
-        ``token_budget`` slots (default: one full-size image's tokens) and pooled per image."""
-        side = self.hparams.image_size // self.hparams.patch_size
-        packed = pack_images(images, self.hparams.patch_size, (side, side), token_budget)
-        network = self.target_encoder if encoder == "target" else self.encoder
-        return pooled_per_image(network.forward_packed(packed), packed.image_ids, len(images))
-
     def pooled_target_features(self, batch: GridBatch | PackedBatch) -> torch.Tensor:
         """Each image's mean target-encoder feature ``[B, D]`` for a masked batch of either kind
         (square images or clips; packed native-resolution images), masks ignored."""
@@ -430,23 +380,6 @@ class IJEPA(L.LightningModule):
             full = batch.full
             return pooled_per_image(self.target_encoder.forward_packed(full), full.image_ids, len(batch))
         return self.target_encoder(batch.images, **self.token_times(batch.frame_times)).mean(dim=1)
-
-    def predict_packed(self, batch: PackedBatch) -> StepOutput:
-        """A native-resolution batch (:class:`ijepa.data.native.PackedMaskCollator`) through
-        :func:`ijepa.step.forward_target_packed` and :func:`ijepa.step.forward_context_packed`:
-        ``predictions`` and ``targets`` ``[T, D]`` (every target token of every image), the packed
-        context ``[S, L, D]`` with ``context_mask`` (real slots) and ``context_pooled [B, D]``, and
-        ``target_features [B, D]``, each image's mean target feature."""
-        refuse_packed(self.objectives, self.hparams.target_last_blocks)
-        count, slot = len(batch), batch.pred_target_slot
-        targets, features = forward_target_packed(
-            self.target_encoder, batch.full, slot, count, self.hparams.target_norm
-        )
-        context, predictions = forward_context_packed(
-            self.encoder, self.predictor, batch.context, batch.pred, batch.pred_context_slot, slot
-        )
-        pooled = pooled_per_image(context, batch.context.image_ids, count)
-        return StepOutput(predictions, targets, context, features, batch.context.real, pooled)
 
     def jepa_step(self, batch: GridBatch | PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss and the target encoder's features of every patch ``[B, N, D]`` (its last block,
@@ -459,8 +392,9 @@ class IJEPA(L.LightningModule):
                 f"a masked batch is an ijepa.data.batch record (GridBatch, ClipBatch or PackedBatch), got a "
                 f"{type(batch).__name__}: build one as GridBatch(images, context_indices, target_indices)."
             )
-        out = self.predict_packed(batch) if isinstance(batch, PackedBatch) else self.predict_targets(batch)
-        loss = self.prediction_loss(out.predictions, out.targets, mask=out.target_mask)
+        out = self.predict(batch)
+        loss_fn = functools.partial(prediction_loss, loss=self.hparams.loss)
+        loss = loss_fn(out.predictions, out.targets, mask=out.target_mask)
         stage = self._trainer and ("train" if self.training else "test" if self.trainer.testing else "val")
 
         def log(name: str, value: torch.Tensor | float) -> None:
@@ -477,7 +411,7 @@ class IJEPA(L.LightningModule):
             log(name, term)
             loss = member.combine_with(loss, term)
         for member in self.objectives:  # ijepa.objectives: e.g. V-JEPA 2.1's context loss
-            loss, terms = member.add_to(loss, out, self.global_step, self.prediction_loss)
+            loss, terms = member.add_to(loss, out, self.global_step, loss_fn)
             for name, term in terms.items():
                 log(name, term)
         return loss, out.target_features
@@ -533,28 +467,14 @@ class IJEPA(L.LightningModule):
         """Optimizer steps in the whole run, the length of every schedule."""
         return max(int(self.trainer.estimated_stepping_batches), 1)
 
-    @property
-    def schedules(self) -> Schedules:
-        hp = self.hparams
-        return Schedules(hp.lr, hp.start_lr, hp.final_lr, hp.warmup_steps, hp.weight_decay, hp.final_weight_decay)
-
-    def lr_at(self, step: int) -> float:
-        return self.schedules.lr_at(step, self.total_steps())
-
-    def weight_decay_at(self, step: int) -> float:
-        return self.schedules.weight_decay_at(step, self.total_steps())
-
-    def parameter_groups(self) -> tuple[list[str], list[str]]:
-        return parameter_groups(self)
-
     def build_optimizer(self) -> torch.optim.AdamW:
-        return build_adamw(self, self.hparams.lr, self.hparams.weight_decay, self.hparams.betas, self.device)
+        return build_adamw(self, self.optim, self.device)
 
     def configure_optimizers(self):
-        if warning := self.schedules.warmup_warning(self.total_steps()):
+        if warning := self.optim.warmup_warning(self.total_steps()):
             rank_zero_warn(warning)
         optimizer = self.build_optimizer()
-        return {"optimizer": optimizer, "lr_scheduler": lr_scheduler(optimizer, self.schedules, self.total_steps)}
+        return {"optimizer": optimizer, "lr_scheduler": lr_scheduler(optimizer, self.optim, self.total_steps)}
 
     def optimizer_step(self, *args, **kwargs) -> None:
         super().optimizer_step(*args, **kwargs)
@@ -566,7 +486,9 @@ class IJEPA(L.LightningModule):
             raise self._diverged(problem)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        set_weight_decay(self.optimizers(use_pl_optimizer=False), self.weight_decay_at(self.global_step))
+        set_weight_decay(
+            self.optimizers(use_pl_optimizer=False), self.optim.weight_decay_at(self.global_step, self.total_steps())
+        )
 
     # --- checkpoints: ijepa.checkpoint --------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -589,7 +511,7 @@ class IJEPA(L.LightningModule):
 
     def on_train_start(self) -> None:
         if self.trainer.ckpt_path:
-            rebase_schedulers([config.scheduler for config in self.trainer.lr_scheduler_configs], self.schedules)
+            rebase_schedulers([config.scheduler for config in self.trainer.lr_scheduler_configs], self.optim)
         # Any callback that declares it moves the target (EMATargetUpdate does) will do.
         if self.target_by_ema and not any(
             getattr(cb, "updates_target_encoder", False) for cb in self.trainer.callbacks

@@ -10,8 +10,8 @@ Two levers from V-JEPA 2.1 (Assran et al. 2025):
   normalised and predicted on its own (the predictor's output projection widened to ``k * D``),
   their losses averaged.
 
-The records of one step (:class:`StepOutput`) and the target normalisation live here too: the
-module fills them, the objectives read them. A new objective is one :class:`Objective` subclass.
+The objectives read the step's record (:class:`ijepa.step.StepOutput`), which :mod:`ijepa.step`
+defines and fills. A new objective is one :class:`Objective` subclass.
 """
 
 from __future__ import annotations
@@ -19,65 +19,13 @@ from __future__ import annotations
 import abc
 import copy
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ijepa.nn.checks import check_range
 from ijepa.registry import class_path, concrete_subclasses, from_config
-
-TARGET_NORMS = ("layer", "instance")
-
-
-def normalize_targets(features: torch.Tensor, kind: str = "layer", eps: float = 1e-5) -> torch.Tensor:
-    """Target features ``[B, N, D]`` normalised for the loss: ``layer`` over each token's ``D``
-    features (I-JEPA), ``instance`` over each feature's ``N`` tokens of one image (data2vec), which
-    removes what all of an image's patches share."""
-    if kind == "layer":
-        return F.layer_norm(features, features.shape[-1:], eps=eps)
-    if kind == "instance":
-        mean = features.mean(dim=1, keepdim=True)
-        var = features.var(dim=1, unbiased=False, keepdim=True)
-        return (features - mean) * torch.rsqrt(var + eps)
-    raise ValueError(f"target_norm must be one of {TARGET_NORMS}, got {kind!r}.")
-
-
-@dataclass
-class StepOutput:
-    """One masked batch through both branches (``IJEPA.predict_targets``, ``IJEPA.predict_packed``).
-    Grid batches: ``R * B`` mask rows, ``M`` target blocks of ``Kt`` patches, contexts of ``Kc``;
-    packed batches: ``T`` target tokens in all, ``S_c`` context sequences of ``L_c`` slots. ``D'``
-    is ``k * D`` with ``k`` target levels (:class:`MultiLevelTargets`, level after level), else ``D``.
-
-    Attributes:
-        predictions: ``[R * B, M, Kt, D']`` (packed: ``[T, D]``), the predictor's output.
-        targets: the same shape, the normalised target features, without gradient.
-        context: ``[R * B, Kc, D]`` (packed: ``[S_c, L_c, D]``), the context encoder's output.
-        target_features: ``[B, N, D]``, the target encoder's last block (packed: each image's mean ``[B, D]``).
-        context_mask: ``[R * B, Kc]`` (packed: ``[S_c, L_c]``) True for real context tokens; None: all real.
-        context_pooled: packed: ``[B, D]``, each image's mean context token; None for grid batches.
-        target_mask: ``[R * B, M, Kt]`` True for real target tokens (static shapes); None: all real.
-        context_predictions: ``[R * B, Kc, D']``, the predictor's output at the context positions
-            (per_block: the mean over blocks), when an objective asked for it.
-        context_targets: ``[R * B, Kc, D']``, the normalised targets at the context positions, then.
-        context_indices, target_indices: the batch's ``[R * B, Kc]`` and ``[R * B, M, Kt]``.
-        grid: the token grid of the indices, ``(H', W')`` or ``(T', H', W')``.
-    """
-
-    predictions: torch.Tensor
-    targets: torch.Tensor
-    context: torch.Tensor
-    target_features: torch.Tensor
-    context_mask: torch.Tensor | None = None
-    context_pooled: torch.Tensor | None = None
-    target_mask: torch.Tensor | None = None
-    context_predictions: torch.Tensor | None = None
-    context_targets: torch.Tensor | None = None
-    context_indices: torch.Tensor | None = None
-    target_indices: torch.Tensor | None = None
-    grid: tuple[int, ...] | None = None
+from ijepa.step import StepOutput, target_blocks
 
 
 class Objective(nn.Module, metaclass=abc.ABCMeta):
@@ -245,33 +193,6 @@ def objective_kinds() -> tuple[type[Objective], ...]:
 def objective_from_config(config: dict | Objective) -> Objective:
     """The member an :meth:`Objective.config` dict describes (a member is returned as it is)."""
     return config if isinstance(config, Objective) else from_config(config, Objective)
-
-
-def target_blocks(objectives, depth: int) -> list[int]:
-    """The target-encoder blocks (1-based) of the targets: the last one unless an objective says
-    otherwise (two that do must agree)."""
-    chosen = {tuple(b) for b in (member.target_blocks(depth) for member in objectives) if b is not None}
-    if len(chosen) > 1:
-        raise ValueError(f"model.objectives choose different target blocks: {sorted(chosen)}; keep one.")
-    return list(chosen.pop()) if chosen else [depth]
-
-
-def step_targets(encoder, images: torch.Tensor, blocks: list[int], last_blocks: int, norm: str, **kwargs):
-    """``(target_features [B, N, D], normed [B, N, k * D])`` of the target encoder on ``images``:
-    its last block, and the normalised targets of the ``k`` levels ``blocks`` side by side (one
-    level: the last block, or the average of the last ``last_blocks``, as I-JEPA / data2vec)."""
-    depth = len(encoder.transformer.blocks)
-    if len(blocks) == 1 and blocks[0] == depth:
-        if last_blocks == 1:  # the encoder's own forward (compiled with model.compile)
-            features = encoder(images, **kwargs)
-            return features, normalize_targets(features, norm)
-        outputs = encoder.block_outputs(images, last_blocks, **kwargs)
-        return outputs[-1], torch.stack([normalize_targets(b, norm) for b in outputs]).mean(0)
-    if last_blocks != 1:
-        raise ValueError("multi-level targets (MultiLevelTargets) take model.target_last_blocks=1.")
-    outputs = encoder.block_outputs(images, depth - min(blocks) + 1, **kwargs)  # blocks min(blocks) .. depth
-    levels = [normalize_targets(outputs[block - min(blocks)], norm) for block in blocks]
-    return outputs[-1], torch.cat(levels, dim=-1)
 
 
 def refuse_packed(objectives, last_blocks: int) -> None:

@@ -8,43 +8,73 @@ or multi-process run needs no schedule state beyond ``global_step``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 
+from ijepa.nn.checks import check_range
 from ijepa.schedules import cosine_schedule, warmup_cosine_schedule
 
 
 @dataclass(frozen=True)
-class Schedules:
-    """The I-JEPA recipe: linear warm-up of the learning rate ``start_lr -> lr`` over
-    ``warmup_steps``, then cosine decay to ``final_lr``; cosine weight decay
-    ``weight_decay -> final_weight_decay``; both over the run's ``total_steps``."""
+class OptimConfig:
+    """The optimiser's options, ``model.optim`` (``--model.optim.lr 1e-3``; in YAML ``model:
+    {optim: {lr: 1.0e-3, warmup_steps: 60}}``), and the I-JEPA recipe they set: AdamW with
+    ``betas``; linear warm-up of the learning rate ``start_lr -> lr`` over ``warmup_steps``, then
+    cosine decay to ``final_lr``; cosine weight decay ``weight_decay -> final_weight_decay`` (not
+    on biases, norms, position tables, the mask token); both over the run's ``total_steps``.
 
-    lr: float
-    start_lr: float
-    final_lr: float
-    warmup_steps: int
-    weight_decay: float
-    final_weight_decay: float
+    Args:
+        lr: peak learning rate, reached after ``warmup_steps``.
+        start_lr: learning rate at step 0 (linear warm-up from it; at most ``lr``).
+        final_lr: learning rate at the last step (cosine decay to it; at most ``lr``).
+        warmup_steps: optimizer steps of linear warm-up.
+        weight_decay: AdamW weight decay at step 0.
+        final_weight_decay: weight decay at the last step (cosine schedule).
+        betas: AdamW betas, each in [0, 1).
+    """
+
+    lr: float = 1e-3
+    start_lr: float = 2e-4
+    final_lr: float = 1e-6
+    warmup_steps: int = 1000
+    weight_decay: float = 0.04
+    final_weight_decay: float = 0.4
+    betas: tuple[float, float] = (0.9, 0.999)
 
     def __post_init__(self):
+        for name in ("lr", "start_lr", "final_lr", "warmup_steps", "weight_decay", "final_weight_decay"):
+            check_range(getattr(self, name), f"model.optim.{name}", 0)
+        if len(self.betas) != 2:
+            raise ValueError(f"model.optim.betas must be two values, got {list(self.betas)}.")
+        for index, beta in enumerate(self.betas):
+            check_range(beta, f"model.optim.betas[{index}]", 0, 1, high_open=True)
+        object.__setattr__(self, "betas", tuple(float(beta) for beta in self.betas))
         for name in ("start_lr", "final_lr"):
             if getattr(self, name) > self.lr:  # the "peak" would not be one: warm-up down, or decay up
                 raise ValueError(
-                    f"{name} must be <= lr (the peak of warm-up {self.start_lr} -> lr, then cosine to final_lr), "
-                    f"got {name}={getattr(self, name)} above lr={self.lr}."
+                    f"model.optim.{name} must be <= model.optim.lr (the peak of warm-up {self.start_lr} -> lr, then "
+                    f"cosine to final_lr), got {name}={getattr(self, name)} above lr={self.lr}."
                 )
+
+    @classmethod
+    def of(cls, value: OptimConfig | dict | None) -> OptimConfig:
+        """``value`` as an :class:`OptimConfig`: a checkpoint's plain dict, or None for the defaults."""
+        return cls() if value is None else value if isinstance(value, cls) else cls(**value)
+
+    def record(self) -> dict:
+        """Plain values that rebuild it (a checkpoint's ``hyper_parameters["optim"]``)."""
+        return {**asdict(self), "betas": list(self.betas)}
 
     def warmup_warning(self, total_steps: int) -> str | None:
         """What to tell a run of ``total_steps`` whose warm-up never ends, or None."""
         if self.warmup_steps <= total_steps:
             return None
         return (
-            f"warmup_steps={self.warmup_steps} is longer than the run ({total_steps} optimizer steps): the warm-up is "
-            f"squeezed into the whole run, so the learning rate only climbs ({self.start_lr} -> {self.lr}) and never "
-            f"decays to final_lr={self.final_lr}. Set warmup_steps below the run's length."
+            f"model.optim.warmup_steps={self.warmup_steps} is longer than the run ({total_steps} optimizer steps): the "
+            f"warm-up is squeezed into the whole run, so the learning rate only climbs ({self.start_lr} -> {self.lr}) "
+            f"and never decays to final_lr={self.final_lr}. Set model.optim.warmup_steps below the run's length."
         )
 
     def lr_at(self, step: int, total_steps: int) -> float:
@@ -88,11 +118,11 @@ def parameter_order(model: nn.Module) -> list[str]:
     return decay + no_decay
 
 
-def build_adamw(
-    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float], device: torch.device
-) -> torch.optim.AdamW:
-    """AdamW over :func:`parameter_groups` (fused on CUDA, foreach elsewhere); the decayed group
-    is marked ``scheduled_weight_decay`` for :func:`set_weight_decay`."""
+def build_adamw(model: nn.Module, optim: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over :func:`parameter_groups` with ``optim``'s lr, weight decay and betas (fused on
+    CUDA, foreach elsewhere); the decayed group is marked ``scheduled_weight_decay`` for
+    :func:`set_weight_decay`."""
+    lr, weight_decay, betas = optim.lr, optim.weight_decay, optim.betas
     params = dict(model.named_parameters())
     decay, no_decay = parameter_groups(model)
     groups = [
@@ -103,9 +133,9 @@ def build_adamw(
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=fused, foreach=None if fused else True)
 
 
-def lr_scheduler(optimizer: torch.optim.Optimizer, schedules: Schedules, total_steps) -> dict:
+def lr_scheduler(optimizer: torch.optim.Optimizer, schedules: OptimConfig, total_steps) -> dict:
     """Lightning's scheduler config: a per-step ``LambdaLR`` whose factor gives
-    :meth:`Schedules.lr_at` (``total_steps`` a callable, read when the factor is)."""
+    :meth:`OptimConfig.lr_at` (``total_steps`` a callable, read when the factor is)."""
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: schedules.lr_at(step, total_steps()) / schedules.base_lr
     )
@@ -119,7 +149,7 @@ def set_weight_decay(optimizer: torch.optim.Optimizer, value: float) -> None:
             group["weight_decay"] = value
 
 
-def rebase_schedulers(schedulers, schedules: Schedules) -> None:
+def rebase_schedulers(schedulers, schedules: OptimConfig) -> None:
     """After a resume: ``LambdaLR`` restored its base lr from the checkpoint, but the resumed run
     may have a new ``lr``; rebase it and set this step's lr by the scheduler's own formula."""
     for scheduler in schedulers:

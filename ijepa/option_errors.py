@@ -22,7 +22,7 @@ import lightning as L
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 
-from ijepa.legacy import RENAMED_DATA_OPTIONS
+from ijepa.legacy import MASK_OPTIONS, RENAMED_DATA_OPTIONS, mask_option_note, upgrade_config_text
 from ijepa.registry import concrete_subclasses
 
 PACKAGE = Path(__file__).resolve().parent
@@ -89,6 +89,12 @@ class IJEPAArgumentParser(LightningArgumentParser):
                 "would keep the second silently. Keep one of them."
             )
         return super().parse_path(path, *args, **kwargs)
+
+    def parse_string(self, content: str, *args, **kwargs):
+        """A config's text, its options of older formats moved to today's names with a one-line
+        FutureWarning (:func:`ijepa.legacy.upgrade_config`): a user's config keeps working."""
+        name = kwargs.get("path") or (args[0] if args else None) or "<string>"
+        return super().parse_string(upgrade_config_text(content, name), *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
         parser = getattr(ex, "subcommand_parser", None) or self
@@ -192,10 +198,15 @@ def duplicate_keys(text: str) -> list[tuple[object, int, int]]:
 
 
 def renamed_option_headline(message: str) -> str | None:
-    """``data.<old> is now data.<new>`` when a parse error is about a renamed option (:mod:`ijepa.legacy`)."""
+    """``data.<old> is now data.<new>`` when a parse error is about a renamed option, or a flat mask
+    option now under ``data.masks`` (:mod:`ijepa.legacy`)."""
     for old, new in RENAMED_DATA_OPTIONS.items():
         if re.search(rf"\b{old}\b", message):
             return f"data.{old} is now called data.{new} (the same option): rename it in your config or flag"
+    for option in MASK_OPTIONS:
+        flat = re.search(rf"\bdata\.{option}\b", message)
+        if flat or (re.search(rf"\b{option}\b", message) and "masks" not in message):
+            return mask_option_note(option)
     return None
 
 

@@ -1,8 +1,10 @@
 """One I-JEPA step as the official code splits it: the target branch and the context branch.
 
-``IJEPA.predict_targets`` calls :func:`forward_target` then :func:`forward_context` (in that
-order: only the context branch draws random numbers, for stochastic depth); the packed
-native-resolution batch has its own pair. Shapes: ``B`` images (or clips), ``R`` mask sets per
+``IJEPA.predict`` calls :func:`forward_target` then :func:`forward_context` (in that order: only
+the context branch draws random numbers, for stochastic depth); the packed native-resolution
+batch has its own pair. Both fill one :class:`StepOutput`, the record the loss, the objectives
+(:mod:`ijepa.objectives`) and the monitors read; the targets (which blocks, how normalised) and
+the step's patch size are decided here too. Shapes: ``B`` images (or clips), ``R`` mask sets per
 image (``data.masks_per_image``; mask row ``r * B + i`` masks image ``i``), ``M`` target blocks
 of ``Kt`` patches, contexts of ``Kc`` patches, ``N`` patches per image, width ``D``, target width
 ``D'`` (``k * D`` for ``k`` target levels).
@@ -10,14 +12,92 @@ of ``Kt`` patches, contexts of ``Kc`` patches, ``N`` patches per image, width ``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from ijepa.nn.packing import instance_norm_per_image, pooled_per_image
 from ijepa.nn.patch import gather_patches
-from ijepa.objectives import normalize_targets, step_targets
 
 LOSSES = ("smooth_l1", "mse")
+TARGET_NORMS = ("layer", "instance")
+
+
+def normalize_targets(features: torch.Tensor, kind: str = "layer", eps: float = 1e-5) -> torch.Tensor:
+    """Target features ``[B, N, D]`` normalised for the loss: ``layer`` over each token's ``D``
+    features (I-JEPA), ``instance`` over each feature's ``N`` tokens of one image (data2vec), which
+    removes what all of an image's patches share."""
+    if kind == "layer":
+        return F.layer_norm(features, features.shape[-1:], eps=eps)
+    if kind == "instance":
+        mean = features.mean(dim=1, keepdim=True)
+        var = features.var(dim=1, unbiased=False, keepdim=True)
+        return (features - mean) * torch.rsqrt(var + eps)
+    raise ValueError(f"target_norm must be one of {TARGET_NORMS}, got {kind!r}.")
+
+
+@dataclass
+class StepOutput:
+    """One masked batch through both branches (``IJEPA.predict``).
+    Grid batches: ``R * B`` mask rows, ``M`` target blocks of ``Kt`` patches, contexts of ``Kc``;
+    packed batches: ``T`` target tokens in all, ``S_c`` context sequences of ``L_c`` slots. ``D'``
+    is ``k * D`` with ``k`` target levels (:class:`ijepa.objectives.MultiLevelTargets`, level after level), else ``D``.
+
+    Attributes:
+        predictions: ``[R * B, M, Kt, D']`` (packed: ``[T, D]``), the predictor's output.
+        targets: the same shape, the normalised target features, without gradient.
+        context: ``[R * B, Kc, D]`` (packed: ``[S_c, L_c, D]``), the context encoder's output.
+        target_features: ``[B, N, D]``, the target encoder's last block (packed: each image's mean ``[B, D]``).
+        context_mask: ``[R * B, Kc]`` (packed: ``[S_c, L_c]``) True for real context tokens; None: all real.
+        context_pooled: packed: ``[B, D]``, each image's mean context token; None for grid batches.
+        target_mask: ``[R * B, M, Kt]`` True for real target tokens (static shapes); None: all real.
+        context_predictions: ``[R * B, Kc, D']``, the predictor's output at the context positions
+            (per_block: the mean over blocks), when an objective asked for it.
+        context_targets: ``[R * B, Kc, D']``, the normalised targets at the context positions, then.
+        context_indices, target_indices: the batch's ``[R * B, Kc]`` and ``[R * B, M, Kt]``.
+        grid: the token grid of the indices, ``(H', W')`` or ``(T', H', W')``.
+    """
+
+    predictions: torch.Tensor
+    targets: torch.Tensor
+    context: torch.Tensor
+    target_features: torch.Tensor
+    context_mask: torch.Tensor | None = None
+    context_pooled: torch.Tensor | None = None
+    target_mask: torch.Tensor | None = None
+    context_predictions: torch.Tensor | None = None
+    context_targets: torch.Tensor | None = None
+    context_indices: torch.Tensor | None = None
+    target_indices: torch.Tensor | None = None
+    grid: tuple[int, ...] | None = None
+
+
+def target_blocks(objectives, depth: int) -> list[int]:
+    """The target-encoder blocks (1-based) of the targets: the last one unless an objective says
+    otherwise (two that do must agree)."""
+    chosen = {tuple(b) for b in (member.target_blocks(depth) for member in objectives) if b is not None}
+    if len(chosen) > 1:
+        raise ValueError(f"model.objectives choose different target blocks: {sorted(chosen)}; keep one.")
+    return list(chosen.pop()) if chosen else [depth]
+
+
+def step_targets(encoder, images: torch.Tensor, blocks: list[int], last_blocks: int, norm: str, **kwargs):
+    """``(target_features [B, N, D], normed [B, N, k * D])`` of the target encoder on ``images``:
+    its last block, and the normalised targets of the ``k`` levels ``blocks`` side by side (one
+    level: the last block, or the average of the last ``last_blocks``, as I-JEPA / data2vec)."""
+    depth = len(encoder.transformer.blocks)
+    if len(blocks) == 1 and blocks[0] == depth:
+        if last_blocks == 1:  # the encoder's own forward (compiled with model.compile)
+            features = encoder(images, **kwargs)
+            return features, normalize_targets(features, norm)
+        outputs = encoder.block_outputs(images, last_blocks, **kwargs)
+        return outputs[-1], torch.stack([normalize_targets(b, norm) for b in outputs]).mean(0)
+    if last_blocks != 1:
+        raise ValueError("multi-level targets (ijepa.objectives.MultiLevelTargets) take model.target_last_blocks=1.")
+    outputs = encoder.block_outputs(images, depth - min(blocks) + 1, **kwargs)  # blocks min(blocks) .. depth
+    levels = [normalize_targets(outputs[block - min(blocks)], norm) for block in blocks]
+    return outputs[-1], torch.cat(levels, dim=-1)
 
 
 def mask_repeats(num_images: int, context_indices: torch.Tensor, target_indices: torch.Tensor) -> int:
@@ -145,3 +225,13 @@ def prediction_loss(
     per_value = loss_fn(predictions.float(), targets.float(), reduction="none")  # [R * B, M, Kt, D']
     weights = mask.to(per_value.dtype)[..., None]
     return (per_value * weights).sum() / (weights.sum() * per_value.size(-1))
+
+
+def step_patch_size(patch_size, model_patch_size: int, num_frames: int) -> dict[str, int]:
+    """``{"patch_size": p}`` for a batch cut at another patch size than the model's (FlexiViT:
+    ``GridBatch.patch_size``), else ``{}``."""
+    if patch_size is None or int(patch_size) == model_patch_size:
+        return {}
+    if num_frames:
+        raise ValueError("per-batch patch sizes (data.train_patch_sizes) are for image models, not clips.")
+    return {"patch_size": int(patch_size)}

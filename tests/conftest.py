@@ -25,6 +25,7 @@ import torch
 from ijepa.callbacks import KNNProbe
 from ijepa.data import IJEPADataModule
 from ijepa.data.sources import ShapesSource
+from ijepa.masks import MultiBlockMasks, SpatioTemporalMasks
 from ijepa.module import IJEPA
 
 # torch.compile's on-disk cache is not keyed by ATen's CPU capability: kernels compiled under
@@ -74,6 +75,8 @@ TINY_MODEL = dict(
     predictor_depth=1,
     predictor_num_heads=2,
 )
+# The clip tests' tiny model: 16 px x 4 frames, tubelets of 2 frames (a 2 x 4 x 4 grid), one block.
+TINY_CLIP_MODEL = {**TINY_MODEL, "image_size": 16, "patch_size": 4, "depth": 1, "num_frames": 4, "tubelet_size": 2}
 
 
 # The settings most tests share: TINY_MODEL's sizes, generated shapes, no workers, no random crop,
@@ -84,9 +87,10 @@ TINY_DATA = dict(
     batch_size=32,
     num_workers=0,
     crop_scale=None,
-    target_scale=(0.1, 0.15),
-    min_keep=2,
+    masks=MultiBlockMasks(target_scale=(0.1, 0.15), min_keep=2),
 )
+# TINY_DATA's masks for clips (tiny_datamodule picks them when num_frames > 0 and no masks are given).
+TINY_CLIP_MASKS = SpatioTemporalMasks(target_scale=(0.1, 0.15), min_keep=2)
 # A quiet Trainer that writes nothing unless asked to.
 TINY_TRAINER = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 
@@ -95,6 +99,8 @@ def tiny_datamodule(train_size: int = 64, val_size: int = 64, **overrides) -> IJ
     """The tiny data module: ``ShapesSource(train_size, val_size)`` with ``TINY_DATA``; ``overrides``
     (any IJEPADataModule argument, ``source`` included) replace the defaults."""
     source = overrides.pop("source", None) or ShapesSource(train_size=train_size, val_size=val_size)
+    if overrides.get("num_frames", 0) > 0:
+        overrides.setdefault("masks", TINY_CLIP_MASKS)
     return IJEPADataModule(source=source, **{**TINY_DATA, **overrides})
 
 

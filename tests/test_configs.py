@@ -104,7 +104,7 @@ def test_plain_ijepa_overlay_switches_every_learning_lever_off(tmp_path, quickst
     assert isinstance(term, VarianceCovariance) and term.weight > 0 and term.input == "tokens"
     assert plain.model.hparams.regularizers == [] and len(plain.model.regularizers) == 0
     assert plain.model.hparams.target_last_blocks == 1 and plain.model.hparams.rescale_residuals
-    assert plain.datamodule.hparams.context_policy == "thin"
+    assert plain.datamodule.hparams.masks["init_args"]["context_policy"] == "thin"
     # nothing else differs: the ablation's rows are each this plain recipe plus one lever
     differ = {k for k in recipe.model.hparams if recipe.model.hparams[k] != plain.model.hparams[k]}
     assert differ == levers

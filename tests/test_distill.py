@@ -17,7 +17,8 @@ from ijepa.cli import build_cli, main
 from ijepa.distill import DistillIJEPA, Resized
 from ijepa.interop import load_encoder, save_hf
 from ijepa.module import IJEPA
-from ijepa.objectives import normalize_targets
+from ijepa.optim import OptimConfig
+from ijepa.step import normalize_targets
 
 STUDENT = {**TINY_MODEL, "embed_dim": 16, "depth": 1, "num_heads": 2}
 
@@ -57,7 +58,7 @@ def test_a_distillation_step_is_the_jepa_step_with_the_frozen_teacher_as_target_
 
 
 def test_the_teacher_stays_frozen_and_the_target_encoder_is_the_student_after_every_step(teacher_path, tmp_path):
-    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT, warmup_steps=1)
+    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT, optim=OptimConfig(warmup_steps=1))
     teacher_before = {k: v.clone() for k, v in student.teacher.state_dict().items()}
     student_before = {k: v.clone() for k, v in student.encoder.state_dict().items()}
     tiny_trainer(tmp_path, max_steps=3, limit_val_batches=0).fit(student, datamodule=tiny_datamodule())

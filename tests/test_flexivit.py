@@ -12,6 +12,7 @@ from ijepa.masks import MultiBlockMaskSampler
 from ijepa.module import IJEPA
 from ijepa.nn.patch import PatchEmbed
 from ijepa.nn.position import build_position_encoding, position_names
+from ijepa.step import step_patch_size
 
 IMAGE_MODEL = {**TINY_MODEL, "image_size": 48, "patch_size": 8}  # grids 6 (p 8), 4 (p 12), 3 (p 16), 8 (p 6)
 SIZES = (6, 12, 16)
@@ -147,6 +148,4 @@ def test_the_loss_of_a_batch_cut_at_another_patch_size_reaches_every_parameter_i
         assert model.get_parameter(name).grad.abs().sum() > 0, name
     assert model.get_parameter("target_encoder.patch_embed.proj.weight").grad is None  # the EMA copy learns no gradient
     with pytest.raises(ValueError, match="per-batch patch sizes"):
-        IJEPA(
-            **{**TINY_MODEL, "num_frames": 4, "pos_embed": "sincos_3d", "predictor_pos_embed": "sincos_3d"}
-        ).step_patch_size(4)
+        step_patch_size(4, TINY_MODEL["patch_size"], 4)

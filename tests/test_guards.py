@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ijepa.callbacks import CollapseMonitor, EMATargetUpdate, feature_std, rankme
 from ijepa.module import IJEPA
+from ijepa.optim import OptimConfig
 
 
 def test_rankme_and_std_on_known_spectra():
@@ -50,7 +51,7 @@ def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(tmp_
             loss = super().jepa_loss(batch)
             return loss * float("nan") if self.global_step == 3 else loss
 
-    model = BlowsUp(**TINY_MODEL, warmup_steps=1)
+    model = BlowsUp(**TINY_MODEL, optim=OptimConfig(warmup_steps=1))
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_last=True)
     trainer = make_trainer(max_steps=6, callbacks=[EMATargetUpdate(), checkpoint], enable_checkpointing=True)
     with pytest.raises(

@@ -200,7 +200,8 @@ def test_what_timm_or_hf_cannot_hold_is_refused():
 def test_an_hf_encoder_becomes_an_ijepa_model_fit_can_continue(tmp_path):
     hf = random_hf(seed=3, layer_norm_eps=1e-6)
     encoder = load_hf(hf.state_dict(), hf.config.to_dict())
-    model = ijepa_from_encoder(encoder, predictor_embed_dim=16, predictor_depth=1, predictor_num_heads=2)
+    predictor = {key: value for key, value in TINY_MODEL.items() if key.startswith("predictor_")}
+    model = ijepa_from_encoder(encoder, **predictor)
     x = images()
     with torch.no_grad():
         for network in (model.encoder, model.target_encoder):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ROOT, TINY_CONFIG, TINY_MODEL
 
-from ijepa.cli import main
+from ijepa.cli import build_cli, main
 from ijepa.data import IJEPADataModule
 from ijepa.evaluation.encoders import open_encoder
 from ijepa.interop import load_encoder
@@ -22,6 +22,7 @@ from ijepa.legacy import (
     upgrade_state_dict,
 )
 from ijepa.module import IJEPA
+from ijepa.optim import OptimConfig
 from ijepa.regularizers import SIGReg, VarianceCovariance
 
 FLAT = dict(
@@ -100,15 +101,94 @@ def test_no_module_but_ijepa_legacy_names_an_old_format():
     assert found == []
 
 
-def test_knn_batch_size_reads_as_probe_batch_size_in_a_checkpoint_and_is_named_in_a_config(tmp_path, capsys):
+def test_knn_batch_size_reads_as_probe_batch_size_in_a_checkpoint_and_a_config_and_is_named_in_a_flag(tmp_path, capsys):
     assert upgrade_data_hparams({"knn_batch_size": 8, "batch_size": 4}) == {"probe_batch_size": 8, "batch_size": 4}
     assert IJEPADataModule(**upgrade_data_hparams({"knn_batch_size": 8})).hparams.probe_batch_size == 8
     (tmp_path / "old.yaml").write_text("data:\n  knn_batch_size: 8\n")
-    for old in (["--data.knn_batch_size=8"], ["--config", str(tmp_path / "old.yaml")]):
-        with pytest.raises(SystemExit) as exit:
-            main(["fit", "--config", str(TINY_CONFIG), *old])
-        assert exit.value.code == 2
-        assert capsys.readouterr().err.splitlines()[0] == (
-            "error: data.knn_batch_size is now called data.probe_batch_size (the same option): rename it in your "
-            "config or flag"
-        )
+    with pytest.warns(FutureWarning, match=r"data.knn_batch_size -> data.probe_batch_size under their new names"):
+        cli = build_cli(["--config", str(TINY_CONFIG), "--config", str(tmp_path / "old.yaml")], run=False)
+    assert cli.datamodule.hparams.probe_batch_size == 8
+    with pytest.raises(SystemExit) as exit:
+        main(["fit", "--config", str(TINY_CONFIG), "--data.knn_batch_size=8"])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "error: data.knn_batch_size is now called data.probe_batch_size (the same option): rename it in your "
+        "config or flag"
+    )
+
+
+OLD_OPTIM = dict(lr=5e-4, start_lr=1e-4, final_lr=1e-6, warmup_steps=3, weight_decay=0.05, final_weight_decay=0.1)
+
+
+def test_flat_optimiser_options_read_as_model_optim_in_a_checkpoint_a_flag_and_a_config(tmp_path, capsys):
+    """Before ``model.optim`` the optimiser's options were flat ``model.lr``, ...: an old
+    checkpoint loads and resumes with them (a flag of this run still wins), an old flag is mapped
+    with a FutureWarning, an old config file's ``model:`` section is read with one."""
+    assert upgrade_hparams({"depth": 2, **OLD_OPTIM}) == {"depth": 2, "optim": OLD_OPTIM}
+    model = IJEPA(**TINY_MODEL, optim=OLD_OPTIM)
+    old = {key: value for key, value in model.hparams.items() if key != "optim"}
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "hyper_parameters": {**old, **OLD_OPTIM, "betas": [0.9, 0.95]},
+            "global_step": 40,
+            "pytorch-lightning_version": "2.6.6",
+        },
+        tmp_path / "old.ckpt",
+    )
+    loaded = IJEPA.load_from_checkpoint(tmp_path / "old.ckpt")
+    assert loaded.optim == OptimConfig(**OLD_OPTIM, betas=(0.9, 0.95)) and loaded.hparams["optim"]["lr"] == 5e-4
+    args = ["--config", str(TINY_CONFIG), f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"]
+    build_cli(["fit", *args, "--trainer.max_steps=1", "--trainer.limit_val_batches=0", "--model.optim.warmup_steps=0"])
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    saved["hyper_parameters"] = {**saved["hyper_parameters"], **OLD_OPTIM, "betas": [0.9, 0.95]}
+    del saved["hyper_parameters"]["optim"]
+    torch.save(saved, tmp_path / "resumed.ckpt")
+    resume = ["fit", *args, f"--ckpt_path={tmp_path / 'resumed.ckpt'}", "--model.optim.lr=1e-3"]
+    with pytest.warns(UserWarning, match="is at step 1"):  # restored, nothing trained
+        cli = build_cli([*resume, "--trainer.max_steps=1", "--trainer.limit_val_batches=0"])
+    # the flag and tiny.yaml (warmup_steps 5) win, the checkpoint gives the rest (betas)
+    assert (cli.model.optim.lr, cli.model.optim.warmup_steps, cli.model.optim.betas) == (1e-3, 5, (0.9, 0.95))
+    with pytest.warns(FutureWarning, match=r"^--model.lr is now --model.optim.lr \(the same option\)"):
+        cli = build_cli([*args, "--model.lr", "3e-4", "--model.warmup_steps=7"], run=False)
+    assert (cli.model.optim.lr, cli.model.optim.warmup_steps) == (3e-4, 7)
+    (tmp_path / "old.yaml").write_text("model:\n  lr: 3.0e-4\n  warmup_steps: 7\n")
+    moved = r"read model.lr -> model.optim.lr, model.warmup_steps -> model.optim.warmup_steps under their new names"
+    with pytest.warns(FutureWarning, match=moved):
+        cli = build_cli([*args, "--config", str(tmp_path / "old.yaml")], run=False)
+    assert (cli.model.optim.lr, cli.model.optim.warmup_steps, cli.model.optim.final_lr) == (3e-4, 7, 1e-6)
+
+
+def test_flat_mask_options_read_as_data_masks_in_a_checkpoint_and_a_config_and_are_named_in_a_flag(tmp_path, capsys):
+    from ijepa.legacy import mask_option_note
+    from ijepa.masks import MultiBlockMasks
+
+    flat = {"target_scale": [0.1, 0.15], "min_keep": 2, "context_scale": [0.85, 1.0], "temporal_scale": [1.0, 1.0]}
+    images = upgrade_data_hparams({**flat, "image_size": 32, "num_frames": 0})
+    assert images["masks"] == {
+        "class_path": "ijepa.masks.MultiBlockMasks",
+        "init_args": {"target_scale": [0.1, 0.15], "min_keep": 2, "context_scale": [0.85, 1.0]},
+    }
+    assert "min_keep" not in images and images["image_size"] == 32
+    clips = upgrade_data_hparams({**flat, "num_frames": 4})["masks"]
+    assert clips["class_path"] == "ijepa.masks.SpatioTemporalMasks" and "context_scale" not in clips["init_args"]
+    # an old checkpoint's data hyperparameters build the data module they described, masks bit for bit
+    old = {"image_size": 32, "patch_size": 8, "num_workers": 0, "target_scale": [0.1, 0.15], "min_keep": 2}
+    built = IJEPADataModule(**upgrade_data_hparams(old))
+    masks = MultiBlockMasks(target_scale=(0.1, 0.15), min_keep=2)
+    today = IJEPADataModule(image_size=32, patch_size=8, num_workers=0, masks=masks)
+    assert isinstance(built.masks, MultiBlockMasks) and built.hparams.masks == today.hparams.masks
+    drawn = [dm.mask_sampler(8, torch.Generator().manual_seed(3)) for dm in (built, today)]
+    assert all(torch.equal(a, b) for a, b in zip(*drawn))
+    # a config's flat mask options join its kind's (or the multi-block kind), with a note
+    (tmp_path / "old.yaml").write_text("data:\n  min_keep: 3\n  target_scale: [0.1, 0.12]\n")
+    with pytest.warns(
+        FutureWarning, match=r"data.target_scale -> data.masks.init_args.target_scale, data.min_keep -> data.masks"
+    ):
+        cli = build_cli(["--config", str(TINY_CONFIG), "--config", str(tmp_path / "old.yaml")], run=False)
+    assert (cli.datamodule.masks.min_keep, cli.datamodule.masks.target_scale) == (3, (0.1, 0.12))
+    # a flag fails naming where it went
+    with pytest.raises(SystemExit) as exit:
+        main(["fit", "--config", str(TINY_CONFIG), "--data.min_keep=2"])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"error: {mask_option_note('min_keep')}"

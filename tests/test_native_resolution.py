@@ -4,24 +4,20 @@ image on its own grid, tokens packed into sequences, the JEPA loss unchanged per
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_MODEL
 
 from ijepa.data import IJEPADataModule, ShapesSource
 from ijepa.data.native import NativeSizeCrop, PackedMaskCollator
 from ijepa.data.sampling import mix_seed
+from ijepa.masks import MultiBlockMasks
 from ijepa.module import IJEPA
-from ijepa.nn.packing import PACKABLE_POSITIONS, canvas_positions, patchify
+from ijepa.nn.packing import PACKABLE_POSITIONS, canvas_positions, pack_images, patchify, pooled_per_image
 
-MODEL = dict(
-    image_size=48,
-    patch_size=8,
-    embed_dim=32,
-    depth=2,
-    num_heads=2,
-    predictor_embed_dim=16,
-    predictor_depth=1,
-    predictor_num_heads=2,
-    predictor_mode="one_pass",  # the packed predictor's attention: blocks see the context, the context itself
-)
+MODEL = {
+    **TINY_MODEL,
+    "image_size": 48,
+    "predictor_mode": "one_pass",  # the packed predictor's attention: blocks see the context, the context itself
+}
 MASKS = dict(num_target_blocks=3, target_scale=(0.15, 0.2), min_keep=2)
 
 
@@ -99,7 +95,9 @@ def test_native_settings_are_checked_when_the_data_is_built():
     with pytest.raises(ValueError, match="set native_sides too"):
         IJEPADataModule(source, image_size=48, patch_size=8, token_drop=0.5)
     with pytest.raises(ValueError, match="not with num_frames, train_patch_sizes or masks_per_image"):
-        IJEPADataModule(source, image_size=48, patch_size=8, native_sides=(3, 6), masks_per_image=2)
+        IJEPADataModule(
+            source, image_size=48, patch_size=8, native_sides=(3, 6), masks=MultiBlockMasks(masks_per_image=2)
+        )
 
 
 def test_a_position_type_that_needs_a_whole_grid_is_refused_at_the_first_packed_step():
@@ -108,12 +106,14 @@ def test_a_position_type_that_needs_a_whole_grid_is_refused_at_the_first_packed_
         model.jepa_step(native_batch()[1])
 
 
-def test_native_features_pool_each_image_at_its_own_size():
+def test_packed_features_pool_each_image_at_its_own_size():
     torch.manual_seed(0)
     model = IJEPA(**MODEL, pos_embed="rope_mixed", predictor_pos_embed="sincos").eval()
     full = torch.randn(2, 3, 48, 48)
     small = [torch.randn(3, 24, 40), torch.randn(3, 16, 16)]
-    pooled = model.native_features([full[0], *small, full[1]])
+    packed = pack_images([full[0], *small, full[1]], 8, (6, 6))  # what the packed collators build
+    with torch.no_grad():
+        pooled = pooled_per_image(model.target_encoder.forward_packed(packed), packed.image_ids, 4)
     assert pooled.shape == (4, 32)
     with torch.no_grad():
         torch.testing.assert_close(pooled[[0, 3]], model.features(full), rtol=1e-5, atol=1e-5)

@@ -8,7 +8,7 @@ import math
 import lightning as L
 import pytest
 import torch
-from conftest import TINY_CONFIG
+from conftest import TINY_CONFIG, TINY_MODEL
 from helpers import Recorder, cli
 
 from ijepa.callbacks import EMATargetUpdate
@@ -18,22 +18,14 @@ from ijepa.objectives import (
     ContextLoss,
     MultiLevelTargets,
     context_distance_weights,
-    normalize_targets,
     objective_kinds,
     refuse_packed,
 )
+from ijepa.optim import OptimConfig
+from ijepa.step import normalize_targets, prediction_loss
 
 # tests/tiny.yaml's architecture, three blocks deep for the levels
-MODEL = dict(
-    image_size=32,
-    patch_size=8,
-    embed_dim=32,
-    depth=3,
-    num_heads=2,
-    predictor_embed_dim=16,
-    predictor_depth=1,
-    predictor_num_heads=2,
-)
+MODEL = {**TINY_MODEL, "depth": 3}
 
 
 def _batch(images: int = 4, padded: bool = False) -> GridBatch:
@@ -77,7 +69,7 @@ def test_the_context_loss_at_lambda_zero_is_todays_step_bit_for_bit_and_differs_
 
 def test_the_context_term_is_the_distance_weighted_loss_of_the_mean_context_prediction():
     model, batch = _model(ContextLoss(weight=0.5), predictor_mode="per_block"), _batch(padded=True)
-    out = model.predict_targets(batch)
+    out = model.predict(batch)
     with torch.no_grad():
         normed = normalize_targets(model.target_encoder(batch.images))
         expected_targets = torch.stack([normed[i, batch.context_indices[i]] for i in range(len(batch))])
@@ -86,7 +78,7 @@ def test_the_context_term_is_the_distance_weighted_loss_of_the_mean_context_pred
     assert out.context_predictions.shape == (4, 6, 32)
     per_token = torch.nn.functional.smooth_l1_loss(out.context_predictions, out.context_targets, reduction="none")
     weights = context_distance_weights(batch.context_indices, batch.target_indices, (4, 4), batch.context_mask)
-    jepa = model.prediction_loss(out.predictions, out.targets, reduction="none")
+    jepa = prediction_loss(out.predictions, out.targets, model.hparams.loss, "none")
     mask = batch.target_mask[..., None].float()
     jepa = (jepa * mask).sum() / (mask.sum() * 32)
     term = (per_token.mean(-1) * weights).sum() / batch.context_mask.sum()
@@ -147,7 +139,7 @@ def test_one_level_is_todays_targets_loss_and_parameters(last_blocks):
     assert plain.state_dict().keys() == one.state_dict().keys()
     assert all(torch.equal(plain.state_dict()[k], v) for k, v in one.state_dict().items())
     batch = _batch(padded=True)
-    a, b = plain.predict_targets(batch), one.predict_targets(batch)
+    a, b = plain.predict(batch), one.predict(batch)
     assert torch.equal(a.targets, b.targets) and torch.equal(a.predictions, b.predictions)
     assert torch.equal(plain.jepa_loss(batch), one.jepa_loss(batch))
 
@@ -155,7 +147,7 @@ def test_one_level_is_todays_targets_loss_and_parameters(last_blocks):
 def test_k_levels_are_each_blocks_normalised_output_predicted_apart():
     model, batch = _model(MultiLevelTargets(levels=3), target_norm="instance"), _batch(padded=True)
     assert model.target_blocks == [1, 2, 3] and model.predictor.output_proj.out_features == 3 * 32
-    out = model.predict_targets(batch)
+    out = model.predict(batch)
     blocks = model.target_encoder.block_outputs(batch.images, 3)
     assert out.predictions.shape == out.targets.shape == (4, 2, 2, 3 * 32)
     for level, block in enumerate(blocks):
@@ -163,13 +155,13 @@ def test_k_levels_are_each_blocks_normalised_output_predicted_apart():
         expected = torch.stack([expected[i, batch.target_indices[i]] for i in range(len(batch))])
         torch.testing.assert_close(out.targets[..., level * 32 : (level + 1) * 32], expected)
     # the loss is the mean over levels of each level's (masked) loss
-    _, terms = model.objectives[0].add_to(torch.zeros(()), out, 0, model.prediction_loss)
+    _, terms = model.objectives[0].add_to(torch.zeros(()), out, 0, prediction_loss)
     assert list(terms) == ["level_1_loss", "level_2_loss", "level_3_loss"]
     torch.testing.assert_close(model.jepa_loss(batch), torch.stack(list(terms.values())).mean())
     # each level has its own slice of the output projection: changing one moves one level only
     with torch.no_grad():
         model.predictor.output_proj.bias[32:64] += 1.0
-    moved = model.predict_targets(batch).predictions - out.predictions
+    moved = model.predict(batch).predictions - out.predictions
     assert torch.equal(moved[..., :32], torch.zeros_like(moved[..., :32]))
     torch.testing.assert_close(moved[..., 32:64], torch.ones_like(moved[..., 32:64]))
     assert MultiLevelTargets(levels=3).target_blocks(12) == [4, 8, 12]
@@ -196,7 +188,7 @@ def test_bad_options_name_the_parameter_and_range():
 def test_a_short_fit_with_each_lever_runs_logs_its_term_and_its_loss_falls(make_trainer, make_datamodule, objective):
     recorder = Recorder()
     trainer = make_trainer(max_steps=12, callbacks=[EMATargetUpdate(), recorder], limit_val_batches=0)
-    model = _model(objective, lr=5e-3, warmup_steps=2)
+    model = _model(objective, optim=OptimConfig(lr=5e-3, warmup_steps=2))
     trainer.fit(model, datamodule=make_datamodule(train_size=96, batch_size=8))
     losses = list(recorder.losses.values())
     assert len(losses) == 12 and all(math.isfinite(x) for x in losses)

@@ -30,7 +30,7 @@ def test_a_diverging_fit_names_its_checkpoint_in_one_line(capsys, tmp_path):
         "fit",
         "--config",
         CONFIG,
-        "--model.lr=1e3",
+        "--model.optim.lr=1e3",
         "--trainer.max_steps=12",
         f"--trainer.default_root_dir={tmp_path}",
     ]

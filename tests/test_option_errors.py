@@ -18,7 +18,9 @@ from conftest import TINY_CONFIG, TINY_MODEL
 from lightning.pytorch.callbacks import Callback
 
 import ijepa.callbacks
+import ijepa.masks
 import ijepa.objectives
+import ijepa.optim
 import ijepa.regularizers
 from ijepa.cli import build_cli, main
 from ijepa.data import IJEPADataModule
@@ -152,13 +154,6 @@ OUT_OF_RANGE = {
         target_last_blocks=3,  # the depth is 2
         target_dim=0,
         predictor_mlp_ratio=0.0,
-        lr=-1e-3,
-        start_lr=-1.0,
-        final_lr=-1.0,
-        warmup_steps=-1,
-        weight_decay=-0.1,
-        final_weight_decay=-0.1,
-        betas=(0.9, 1.0),
         num_frames=-1,
         tubelet_size=0,
         time_unit=0.0,
@@ -171,21 +166,31 @@ OUT_OF_RANGE = {
         batch_size=0,
         num_workers=-1,
         crop_scale=(0.5, 0.2),
+        probe_batch_size=0,
+        num_frames=-1,
+        tubelet_size=0,
+        train_patch_sizes=[8, 0],
+        native_sides=(1, 4),
+        token_budget={**NATIVE, "token_budget": 4},
+        token_drop={**NATIVE, "token_drop": 1.0},
+    ),
+    ijepa.masks.MultiBlockMasks: dict(
         num_target_blocks=0,
         target_scale=(0.0, 0.2),
         target_aspect_ratio=(0.0, 1.0),
         context_scale=(0.5, 1.5),
         min_keep=0,
         masks_per_image=0,
-        probe_batch_size=0,
-        num_frames=-1,
-        tubelet_size=0,
-        temporal_scale=(0.0, 1.0),
-        train_patch_sizes=[8, 0],
-        native_sides=(1, 4),
-        token_budget={**NATIVE, "token_budget": 4},
-        token_drop={**NATIVE, "token_drop": 1.0},
     ),
+    ijepa.masks.SpatioTemporalMasks: dict(
+        num_target_blocks=0,
+        target_scale=(0.0, 0.2),
+        target_aspect_ratio=(0.0, 1.0),
+        temporal_scale=(0.0, 1.0),
+        min_keep=0,
+        masks_per_image=0,
+    ),
+    ijepa.masks.RandomMasks: dict(mask_ratio=1.0, min_keep=0, masks_per_image=0),
     ijepa.data.ShapesSource: dict(train_size=0, val_size=0, num_objects=(0, 2), radius=(0.2, 0.6)),
     ijepa.data.MovingShapesSource: dict(
         train_size=0, val_size=0, directions=3, speed=(0.0, 1.0), num_objects=0, fps=0.0, radius=(0.0, 0.2)
@@ -223,6 +228,15 @@ OUT_OF_RANGE = {
     ),
     ijepa.objectives.ContextLoss: dict(weight=-0.1, warmup_steps=-1),
     ijepa.objectives.MultiLevelTargets: dict(levels=0),
+    ijepa.optim.OptimConfig: dict(
+        lr=-1e-3,
+        start_lr=-1.0,
+        final_lr=-1.0,
+        warmup_steps=-1,
+        weight_decay=-0.1,
+        final_weight_decay=-0.1,
+        betas=(0.9, 1.0),
+    ),
 }
 NOT_RANGED = {"seed"}  # any int seeds the generators
 CASES = [(cls, option, value) for cls, options in OUT_OF_RANGE.items() for option, value in options.items()]
@@ -262,6 +276,7 @@ def test_every_callback_and_source_with_numeric_options_is_in_the_table():
     exported = [getattr(ijepa.callbacks, name) for name in ijepa.callbacks.__all__]
     callbacks = [c for c in exported if isinstance(c, type) and issubclass(c, Callback)]
     members = list(ijepa.regularizers.regularizer_kinds()) + list(ijepa.objectives.objective_kinds())
+    members += list(ijepa.masks.mask_kinds())
     assert {c for c in callbacks + concrete_sources() + members if numeric_options(c)} <= set(OUT_OF_RANGE)
 
 
@@ -296,5 +311,5 @@ def test_optimizer_and_scheduler_options_are_refused_naming_what_to_set(tmp_path
         config = tmp_path / "optimizer.yaml"
         config.write_text("optimizer:\n  class_path: torch.optim.SGD\n")
         refused = ["--config", str(config)]
-    with pytest.raises(ValueError, match=r"(optimizer|lr_scheduler) cannot be set.*model\.lr"):
+    with pytest.raises(ValueError, match=r"(optimizer|lr_scheduler) cannot be set.*model\.optim"):
         build_cli(["fit", "--config", str(CONFIG), *refused], run=False)

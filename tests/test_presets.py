@@ -17,14 +17,14 @@ import math
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, TINY_MODEL
 from helpers import cli, write_folder
 
 from ijepa.callbacks.ema import EMATargetUpdate
 from ijepa.cli import _Parsed, _ParserOnly
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.module import IJEPA
-from ijepa.optim import Schedules
+from ijepa.optim import OptimConfig
 
 PRESETS = ROOT / "configs" / "presets"
 
@@ -176,14 +176,15 @@ def test_official_presets_resolve_to_the_official_values_field_by_field(parser, 
     official = OFFICIAL[name]
     config = resolve(parser, name)
     model, data, trainer = config.model, config.data, config.trainer
+    optim = model.optim
     ipe = official_iterations_per_epoch(official)
     assert ipe == DATASET_SIZE[official["data"]] // official["global_batch"]  # floor(N / global batch)
     steps = int(official["ipe_scale"] * official["epochs"] * ipe)
     # epochs as steps, warm-up, lr and weight-decay schedules
     assert trainer.max_steps == steps
-    assert model.warmup_steps == int(official["warmup"] * ipe)
-    assert (model.lr, model.start_lr, model.final_lr) == (official["lr"], official["start_lr"], official["final_lr"])
-    assert (model.weight_decay, model.final_weight_decay) == (official["weight_decay"], official["final_weight_decay"])
+    assert optim.warmup_steps == int(official["warmup"] * ipe)
+    assert (optim.lr, optim.start_lr, optim.final_lr) == (official["lr"], official["start_lr"], official["final_lr"])
+    assert (optim.weight_decay, optim.final_weight_decay) == (official["weight_decay"], official["final_weight_decay"])
     ema = callback(config, "EMATargetUpdate")
     assert [ema.momentum, ema.final_momentum] == official["ema"]
     # the global batch, on GPUs in bf16 under DDP
@@ -199,13 +200,15 @@ def test_official_presets_resolve_to_the_official_values_field_by_field(parser, 
     assert data.source.class_path == "ijepa.data.ImageFolderSource"
     # masks: one context block, official_targets target blocks, no overlap, min_keep
     assert official["num_enc_masks"] == 1  # the project samples one context block per mask set
-    assert data.num_target_blocks == official["num_pred_masks"]
-    assert list(data.target_scale) == official["pred_mask_scale"]
-    assert list(data.target_aspect_ratio) == official["aspect_ratio"]
-    assert list(data.context_scale) == official["enc_mask_scale"]
-    assert data.min_keep == official["min_keep"]
+    assert data.masks.class_path == "ijepa.masks.MultiBlockMasks"
+    masks = data.masks.init_args
+    assert masks.num_target_blocks == official["num_pred_masks"]
+    assert list(masks.target_scale) == official["pred_mask_scale"]
+    assert list(masks.target_aspect_ratio) == official["aspect_ratio"]
+    assert list(masks.context_scale) == official["enc_mask_scale"]
+    assert masks.min_keep == official["min_keep"]
     # allow_overlap false: contexts never hold a target patch under every policy; thin is the official batching
-    assert official["allow_overlap"] is False and data.context_policy == "thin" and data.masks_per_image == 1
+    assert official["allow_overlap"] is False and masks.context_policy == "thin" and masks.masks_per_image == 1
     # encoder
     assert data.patch_size == model.patch_size == official["patch_size"]
     assert (model.embed_dim, model.depth, model.num_heads) == (
@@ -245,11 +248,11 @@ def test_the_schedules_a_preset_runs_are_the_official_schedulers(parser, name):
     uses the value after i + 1 calls, one step ahead of the project's). EMA: the momentum of the
     i-th update is the official generator's i-th value."""
     official, config = OFFICIAL[name], resolve(parser, name)
-    m = config.model
+    m = config.model.optim
     ipe = official_iterations_per_epoch(official)
     total = int(official["ipe_scale"] * official["epochs"] * ipe)
     warmup = int(official["warmup"] * ipe)
-    schedules = Schedules(m.lr, m.start_lr, m.final_lr, m.warmup_steps, m.weight_decay, m.final_weight_decay)
+    schedules = OptimConfig(m.lr, m.start_lr, m.final_lr, m.warmup_steps, m.weight_decay, m.final_weight_decay)
     lr = OfficialWarmupCosine(warmup, official["start_lr"], official["lr"], total, official["final_lr"])
     wd = OfficialCosineWD(official["weight_decay"], total, official["final_weight_decay"])
     checked = {1, 2, warmup // 2, warmup - 1, warmup, warmup + 1, (warmup + total) // 2, total - 1, total}
@@ -273,8 +276,8 @@ def test_small_data_presets_are_vit_s16_at_224_on_an_image_folder_with_probes(pa
     assert data.source.class_path == "ijepa.data.ImageFolderSource"
     assert {c.class_path.rsplit(".", 1)[-1] for c in config.trainer.callbacks} >= {"EMATargetUpdate", "KNNProbe"}
     # the official recipe's shape, at batch 256: the same epochs and warm-up share, lr scaled linearly
-    assert model.warmup_steps * 300 == config.trainer.max_steps * 40
-    assert (model.lr, model.start_lr) == (1e-3 * 256 / 2048, 2e-4 * 256 / 2048)
+    assert model.optim.warmup_steps * 300 == config.trainer.max_steps * 40
+    assert (model.optim.lr, model.optim.start_lr) == (1e-3 * 256 / 2048, 2e-4 * 256 / 2048)
     assert data.batch_size * config.trainer.devices * config.trainer.num_nodes == 256
 
 
@@ -296,14 +299,8 @@ def image_folder(tmp_path_factory):
 
 
 STAND_IN = (
-    "--model.embed_dim=32",
-    "--model.depth=2",
-    "--model.num_heads=2",
+    *(f"--model.{key}={value}" for key, value in TINY_MODEL.items() if key != "image_size"),  # patch 8
     "--model.mlp_ratio=4.0",
-    "--model.predictor_embed_dim=16",
-    "--model.predictor_depth=1",
-    "--model.predictor_num_heads=2",
-    "--model.patch_size=8",
     "--data.image_size=64",  # an 8x8 grid: the presets' masks (min_keep 10) as they are
     "--data.batch_size=4",
     "--data.num_workers=0",
@@ -313,7 +310,7 @@ STAND_IN = (
     "--trainer.strategy=auto",
     "--trainer.precision=32",
     "--trainer.max_steps=1",
-    "--model.warmup_steps=0",  # no warning that the warm-up outlasts the one-step run
+    "--model.optim.warmup_steps=0",  # no warning that the warm-up outlasts the one-step run
     "--trainer.num_sanity_val_steps=0",
     "--trainer.logger=false",
     "--trainer.enable_progress_bar=false",

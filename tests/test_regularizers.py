@@ -7,7 +7,7 @@ import math
 import lightning as L
 import pytest
 import torch
-from conftest import TINY_CONFIG
+from conftest import TINY_CONFIG, TINY_MODEL
 
 from ijepa.cli import build_cli
 from ijepa.data.batch import GridBatch
@@ -25,16 +25,7 @@ from ijepa.regularizers import (
 )
 
 # a one-block model whose step runs in milliseconds, for the regularisers inside IJEPA
-TINY_MODEL = dict(
-    image_size=32,
-    patch_size=8,
-    embed_dim=32,
-    depth=1,
-    num_heads=2,
-    predictor_embed_dim=16,
-    predictor_depth=1,
-    predictor_num_heads=2,
-)
+ONE_BLOCK = {**TINY_MODEL, "depth": 1}
 
 
 def test_sigreg_is_near_its_gaussian_expectation_for_gaussian_samples_at_any_batch_size():
@@ -202,8 +193,8 @@ def _context(model: IJEPA, batch: GridBatch) -> torch.Tensor:
 def _pair(*members, **model):
     """A plain model and the same weights with ``members`` as its regularisers."""
     torch.manual_seed(0)
-    plain = IJEPA(**TINY_MODEL, **model)
-    with_terms = IJEPA(**TINY_MODEL, **model, regularizers=list(members))
+    plain = IJEPA(**ONE_BLOCK, **model)
+    with_terms = IJEPA(**ONE_BLOCK, **model, regularizers=list(members))
     with_terms.load_state_dict(plain.state_dict(), strict=False)  # projectors are the with_terms' own
     return plain, with_terms
 
@@ -245,7 +236,7 @@ def test_sigreg_mixes_with_the_jepa_loss_and_members_apply_in_list_order():
     jepa = plain.jepa_loss(batch)
     expected = (1 - 0.2) * jepa + 0.2 * sigreg.statistic(tokens, 0) + 0.5 * varcov.statistic(tokens)
     torch.testing.assert_close(model.jepa_loss(batch), expected)
-    added = IJEPA(**TINY_MODEL, regularizers=[SIGReg(weight=0.2, tokens=16, slices=32, combine="add")])
+    added = IJEPA(**ONE_BLOCK, regularizers=[SIGReg(weight=0.2, tokens=16, slices=32, combine="add")])
     added.load_state_dict(plain.state_dict())
     torch.testing.assert_close(added.jepa_loss(batch), jepa + 0.2 * sigreg.statistic(tokens, 0))
     with model.regularisers_off():
@@ -254,7 +245,7 @@ def test_sigreg_mixes_with_the_jepa_loss_and_members_apply_in_list_order():
 
 def test_a_projector_trains_with_the_encoder_and_its_share_splits_the_statistic():
     torch.manual_seed(0)
-    model = IJEPA(**TINY_MODEL, regularizers=[SIGReg(weight=0.5, projector=[64, 16])])
+    model = IJEPA(**ONE_BLOCK, regularizers=[SIGReg(weight=0.5, projector=[64, 16])])
     (member,) = model.regularizers
     assert isinstance(member.projector, Projector) and member.projector[-1].out_features == 16
     model.jepa_loss(_batch()).backward()
@@ -296,13 +287,13 @@ def test_a_bad_regulariser_option_names_its_class_and_option(kwargs, message):
 
 
 def test_a_zero_weight_switches_a_member_off_and_every_member_is_in_the_hyperparameters():
-    model = IJEPA(**TINY_MODEL, regularizers=[SIGReg(weight=0.0, projector=[8]), VarianceCovariance(weight=0.1)])
+    model = IJEPA(**ONE_BLOCK, regularizers=[SIGReg(weight=0.0, projector=[8]), VarianceCovariance(weight=0.1)])
     assert [type(m) for m in model.regularizers] == [VarianceCovariance]
     assert not any(key.startswith("regularizers.") and "projector" in key for key in model.state_dict())
     # plain values (weights_only loads), which rebuild the same members
     configs = model.hparams["regularizers"]
     assert [c["class_path"] for c in configs] == ["ijepa.regularizers.SIGReg", "ijepa.regularizers.VarianceCovariance"]
-    assert IJEPA(**TINY_MODEL, regularizers=configs).hparams["regularizers"] == configs
+    assert IJEPA(**ONE_BLOCK, regularizers=configs).hparams["regularizers"] == configs
 
 
 def test_a_new_regulariser_is_one_subclass_with_a_statistic():

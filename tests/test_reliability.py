@@ -75,19 +75,19 @@ def test_resume_flags_win_over_the_checkpoints_hyperparameters(tmp_path):
         "--config",
         CONFIG,
         f"--ckpt_path={last}",
-        "--model.lr=1e-5",
-        "--model.start_lr=1e-6",  # at most lr (refused above it)
-        "--model.warmup_steps=500",
-        "--model.final_weight_decay=0.1",
+        "--model.optim.lr=1e-5",
+        "--model.optim.start_lr=1e-6",  # at most lr (refused above it)
+        "--model.optim.warmup_steps=500",
+        "--model.optim.final_weight_decay=0.1",
         f"--trainer.default_root_dir={tmp_path / 'b'}",
         "--trainer.max_steps=6",
         "--trainer.check_val_every_n_epoch=100",
     )
     model = resumed.model
-    assert (model.hparams.lr, model.hparams.warmup_steps, model.hparams.final_weight_decay) == (1e-5, 500, 0.1)
+    assert (model.optim.lr, model.optim.warmup_steps, model.optim.final_weight_decay) == (1e-5, 500, 0.1)
     assert model.hparams.depth == 2  # the architecture still comes from the checkpoint
     # The optimizer ran on the new schedule: after 6 steps the lr is step 6 of a 500-step warm-up to 1e-5.
-    expected = warmup_cosine_schedule(6, 6, 6, 1e-5, model.hparams.final_lr, model.hparams.start_lr)
+    expected = warmup_cosine_schedule(6, 6, 6, 1e-5, model.optim.final_lr, model.optim.start_lr)
     lr = resumed.trainer.optimizers[0].param_groups[0]["lr"]
     assert lr == pytest.approx(expected, rel=1e-6)
     assert lr < 1e-4  # the checkpoint's lr would be 2e-3 here

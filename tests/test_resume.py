@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ijepa.callbacks import EMATargetUpdate
 from ijepa.module import IJEPA
+from ijepa.optim import OptimConfig
 
 STOP_AT = 7  # 5 batches per epoch: the run stops inside epoch 1, resumes there and crosses into epoch 2
 MAX_STEPS = 12
@@ -16,7 +17,7 @@ MAX_STEPS = 12
 
 def make(tmp_path, recorder, num_workers=0):
     L.seed_everything(0)
-    model = IJEPA(**TINY_MODEL, warmup_steps=2, drop_path_rate=0.1)
+    model = IJEPA(**TINY_MODEL, optim=OptimConfig(warmup_steps=2), drop_path_rate=0.1)
     data = tiny_datamodule(
         train_size=80,
         val_size=20,

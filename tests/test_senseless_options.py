@@ -13,7 +13,7 @@ from conftest import TINY_CONFIG, TINY_MODEL
 
 from ijepa.cli import build_cli, main
 from ijepa.module import IJEPA
-from ijepa.optim import Schedules
+from ijepa.optim import OptimConfig
 
 CONFIG = str(TINY_CONFIG)
 
@@ -29,14 +29,14 @@ def error_lines(capsys, *args, command="fit") -> list[str]:
     ("flag", "first"),
     [
         (
-            "--model.start_lr=0.01",
-            "error: model: start_lr must be <= lr (the peak of warm-up 0.01 -> lr, then cosine to final_lr), got "
-            "start_lr=0.01 above lr=0.002.",
+            "--model.optim.start_lr=0.01",
+            "error: model.optim.start_lr must be <= model.optim.lr (the peak of warm-up 0.01 -> lr, then "
+            "cosine to final_lr), got start_lr=0.01 above lr=0.002.",
         ),
         (
-            "--model.final_lr=0.01",
-            "error: model: final_lr must be <= lr (the peak of warm-up 0.0002 -> lr, then cosine to final_lr), got "
-            "final_lr=0.01 above lr=0.002.",
+            "--model.optim.final_lr=0.01",
+            "error: model.optim.final_lr must be <= model.optim.lr (the peak of warm-up 0.0002 -> lr, "
+            "then cosine to final_lr), got final_lr=0.01 above lr=0.002.",
         ),
         (
             "--trainer.max_steps=0",
@@ -51,18 +51,18 @@ def test_a_schedule_without_its_peak_and_max_steps_0_are_one_line_naming_them(ca
 
 
 def test_a_peak_equal_to_its_ends_is_accepted():
-    Schedules(1e-3, 1e-3, 1e-3, 10, 0.04, 0.04)
-    with pytest.raises(ValueError, match=r"^final_lr must be <= lr"):
-        Schedules(1e-3, 1e-3, 1.0000001e-3, 10, 0.04, 0.04)
+    OptimConfig(1e-3, 1e-3, 1e-3, 10, 0.04, 0.04)
+    with pytest.raises(ValueError, match=r"^model.optim.final_lr must be <= model.optim.lr"):
+        OptimConfig(1e-3, 1e-3, 1.0000001e-3, 10, 0.04, 0.04)
 
 
 def test_a_warmup_longer_than_the_run_is_warned_with_what_the_lr_does_instead():
-    schedules = Schedules(1e-3, 2e-4, 1e-6, 100, 0.04, 0.04)
+    schedules = OptimConfig(1e-3, 2e-4, 1e-6, 100, 0.04, 0.04)
     assert schedules.warmup_warning(100) is None
     assert schedules.warmup_warning(50) == (
-        "warmup_steps=100 is longer than the run (50 optimizer steps): the warm-up is squeezed into the whole run, so "
-        "the learning rate only climbs (0.0002 -> 0.001) and never decays to final_lr=1e-06. Set warmup_steps below "
-        "the run's length."
+        "model.optim.warmup_steps=100 is longer than the run (50 optimizer steps): the warm-up is squeezed into the "
+        "whole run, so the learning rate only climbs (0.0002 -> 0.001) and never decays to final_lr=1e-06. Set "
+        "model.optim.warmup_steps below the run's length."
     )
     # what it says is what the schedule does: rising at every step, never decaying
     lrs = [schedules.lr_at(step, 50) for step in range(50)]
@@ -71,8 +71,8 @@ def test_a_warmup_longer_than_the_run_is_warned_with_what_the_lr_does_instead():
 
 def test_fit_warns_of_a_warmup_longer_than_the_run(tmp_path):
     args = ["fit", "--config", CONFIG, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"]
-    args += ["--trainer.max_steps=3", "--trainer.limit_val_batches=0", "--model.warmup_steps=5"]
-    with pytest.warns(UserWarning, match=r"^warmup_steps=5 is longer than the run \(3 optimizer steps\)"):
+    args += ["--trainer.max_steps=3", "--trainer.limit_val_batches=0", "--model.optim.warmup_steps=5"]
+    with pytest.warns(UserWarning, match=r"^model.optim.warmup_steps=5 is longer than the run \(3 optimizer steps\)"):
         main(args)
 
 
@@ -113,10 +113,10 @@ def test_resuming_a_checkpoint_at_or_past_max_steps_says_nothing_will_train(tmp_
 
 def test_a_key_set_twice_in_a_config_is_refused_naming_the_key_and_both_lines(capsys, tmp_path):
     config = tmp_path / "twice.yaml"
-    config.write_text("model:\n  lr: 1.0e-3\n  depth: 2\n  lr: 5.0e-4\n")
+    config.write_text("model:\n  optim:\n    lr: 1.0e-3\n    warmup_steps: 2\n    lr: 5.0e-4\n")
     lines = error_lines(capsys, "--config", str(config))
     assert lines[0] == (
-        f"error: --config {config}: the key 'lr' is set twice in one mapping (lines 2 and 4); YAML would keep the "
+        f"error: --config {config}: the key 'lr' is set twice in one mapping (lines 3 and 5); YAML would keep the "
         "second silently. Keep one of them."
     )
     # ijepa eval's configs too

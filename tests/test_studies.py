@@ -64,6 +64,17 @@ def test_configuration_reference_matches_the_cli():
     assert "| `model.pos_embed` |" in documented and "| `ImageFolderSource.bad_images` |" in documented
 
 
+def test_the_configuration_reference_documents_every_export_of_the_callbacks():
+    import ijepa.callbacks
+
+    documented = (ROOT / "docs" / "configuration.md").read_text()
+    assert "| `LinearProbe.last_blocks` |" in documented and "| `KNNProbe.probe_at_start` |" in documented
+    for name in ijepa.callbacks.__all__:  # the package's exports, not a list of names here
+        item = getattr(ijepa.callbacks, name)
+        heading = f"### `{name}`" if isinstance(item, type) else f"| `{name}("
+        assert heading in documented, f"{name} is exported by ijepa.callbacks but not in docs/configuration.md"
+
+
 def test_position_table_leaves_out_unfinished_runs(tmp_path, capsys):
     write_run(tmp_path, "pos_peg_s0", [0.3] * 5, [(0, 0.10), (599, 0.20)])
     write_run(tmp_path, "pos_peg_s1", [0.3] * 5, [(0, 0.10), (299, 0.15)])  # still running
@@ -143,7 +154,7 @@ def _documented_options() -> list[tuple[str, str]]:
     options = []
     for row in rows:
         cells = [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\) \| ", row)]  # not at an escaped bar
-        if row.startswith("| `") and len(cells) >= 3:
+        if row.startswith("| `") and len(cells) >= 3 and "(" not in cells[0]:  # not a function's row
             options.append((cells[0].strip("|` "), cells[2]))
     return options
 
@@ -154,6 +165,7 @@ def test_every_documented_option_parses_and_every_linked_one_is_refused():
     from ijepa.cli import LINKS, build_cli
     from ijepa.objectives import objective_kinds
     from ijepa.regularizers import regularizer_kinds
+    from ijepa.studies.config_reference import callback_kinds
 
     options = _documented_options()
     assert len(options) > 60
@@ -162,6 +174,9 @@ def test_every_documented_option_parses_and_every_linked_one_is_refused():
     targets = {target for _, target in LINKS}
     regularizers = {cls.__name__: "regularizers" for cls in regularizer_kinds()}
     regularizers |= {cls.__name__: "objectives" for cls in objective_kinds()}
+    callbacks, helpers, _ = callback_kinds()
+    callbacks = {cls.__name__ for cls in callbacks}
+    helpers = {cls.__name__ for cls in helpers}
     for option, default in options:
         if option in targets:
             assert default.startswith("linked from"), option
@@ -171,11 +186,18 @@ def test_every_documented_option_parses_and_every_linked_one_is_refused():
             value = "null"
         elif value.startswith("("):  # a Python tuple's repr -> YAML's list
             value = "[" + value.strip("(),") + "]"
-        section, key = option.split(".")
+        section, key = option.split(".", 1)  # model.optim.lr: section model, key optim.lr
         if section.endswith("Source"):  # a data source's own option, once that source is chosen
             parsed = parser.parse_args([f"--data.source=ijepa.data.{section}", f"--data.source.{key}={value}"])
             assert parsed["data"]["source"]["class_path"].endswith(section), option
             assert parsed["data"]["source"]["init_args"][key] is not None or value == "null", option
+            continue
+        if section in helpers:  # a class the callbacks are built of: no entry of trainer.callbacks
+            continue
+        if section in callbacks:  # a callback's own option, in an entry of trainer.callbacks
+            entry = f"{{class_path: ijepa.callbacks.{section}, init_args: {{{key}: {value}}}}}"
+            parsed = parser.parse_args([f"--trainer.callbacks=[{entry}]"])
+            assert parsed["trainer"]["callbacks"][0]["class_path"].endswith(section), option
             continue
         if section in regularizers:  # a regulariser's (objective's) own option, in an entry of model.regularizers
             family = regularizers[section]
@@ -184,7 +206,7 @@ def test_every_documented_option_parses_and_every_linked_one_is_refused():
             assert parsed["model"][family][0]["class_path"].endswith(section), option
             continue
         parsed = parser.parse_args([f"--{option}={value}"])  # a parse error exits
-        assert parsed[section][key] is not None or value == "null", option
+        assert parsed[option] is not None or value == "null", option
     for target in targets:
         with pytest.raises(SystemExit):
             parser.parse_args([f"--{target}=2"])

@@ -114,7 +114,10 @@ def test_submit_to_slurm_without_a_cluster_names_the_executor_flag_and_the_local
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--grid", "model.lr"], "error: --grid: 'model.lr' is not KEY=VALUE[,VALUE...] (e.g. model.lr=1e-3,3e-4)."),
+        (
+            ["--grid", "model.lr"],
+            "error: --grid: 'model.lr' is not KEY=VALUE[,VALUE...] (e.g. model.optim.lr=1e-3,3e-4).",
+        ),
         (["--grid", "model.lr=1e-3,"], "error: --grid: 'model.lr=1e-3,' is not KEY=VALUE[,VALUE...]"),
         (["--grid", "model.lr=1", "model.lr=2"], "error: --grid: model.lr is given twice"),
         (["--sweep-file", "missing.yaml"], "error: --sweep-file missing.yaml: no such file."),

@@ -61,22 +61,23 @@ def _(config, instantiate, mo, overrides):
     datamodule.setup("validate")
     dataset = datamodule.split("probe_test")
     hp = datamodule.hparams
+    opts = datamodule.masks  # the mask kind's options (data.masks)
     grid_size = hp.image_size // hp.patch_size
     mo.md(
         f"`{type(datamodule.source).__name__}`: {len(dataset)} held-out images of {hp.image_size} px, patch {hp.patch_size}, "
         f"grid {grid_size}x{grid_size} = {grid_size**2} patches"
     )
-    return dataset, grid_size, hp
+    return dataset, grid_size, hp, opts
 
 
 @app.cell
-def _(dataset, hp, mo):
+def _(dataset, mo, opts):
     image_index = mo.ui.slider(0, len(dataset) - 1, value=0, label="image")
-    num_blocks = mo.ui.slider(1, 8, value=hp.num_target_blocks, label="target blocks M")
-    target_scale = mo.ui.range_slider(0.02, 0.5, step=0.01, value=list(hp.target_scale), label="target scale")
-    aspect = mo.ui.range_slider(0.25, 4.0, step=0.05, value=list(hp.target_aspect_ratio), label="target aspect ratio")
-    context_scale = mo.ui.range_slider(0.3, 1.0, step=0.01, value=list(hp.context_scale), label="context scale")
-    min_keep = mo.ui.slider(1, 32, value=hp.min_keep, label="min_keep")
+    num_blocks = mo.ui.slider(1, 8, value=opts.num_target_blocks, label="target blocks M")
+    target_scale = mo.ui.range_slider(0.02, 0.5, step=0.01, value=list(opts.target_scale), label="target scale")
+    aspect = mo.ui.range_slider(0.25, 4.0, step=0.05, value=list(opts.target_aspect_ratio), label="target aspect ratio")
+    context_scale = mo.ui.range_slider(0.3, 1.0, step=0.01, value=list(opts.context_scale), label="context scale")
+    min_keep = mo.ui.slider(1, 32, value=opts.min_keep, label="min_keep")
     seed = mo.ui.slider(0, 99, value=0, label="mask seed")
     mo.vstack([image_index, mo.hstack([num_blocks, min_keep, seed]), mo.hstack([target_scale, aspect, context_scale])])
     return aspect, context_scale, image_index, min_keep, num_blocks, seed, target_scale

@@ -13,7 +13,7 @@ sampler (no dataset needed):
 * peak memory (CUDA allocator, or the process's peak RSS on CPU);
 * the same step with the one-pass predictor (``model.predictor_mode=one_pass``), an option that
   changes the math, reported on its own line;
-* with ``--static-compiled``, the step on static-shape masks (``data.context_policy=static``)
+* with ``--static-compiled``, the step on static-shape masks (``data.masks.init_args.context_policy=static``)
   under ``torch.compile(dynamic=False)`` (``--compile-mode reduce-overhead``: CUDA graphs), timed
   in the same rounds as the eager step;
 * mask sampling in masks/s on one process, ours and per-sample Python;

@@ -15,19 +15,20 @@ from ijepa.data.transforms import unnormalize
 from ijepa.nn.checks import check_range
 from ijepa.nn.sharding import gathered
 from ijepa.pictures import clip_mask_overlay, heat_map, mask_overlay
+from ijepa.step import prediction_loss
 
 
 @torch.no_grad()
 def position_loss_map(pl_module: L.LightningModule, batch: GridBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position prediction loss of one masked batch: ``(loss_sum [N], count [N])``.
 
-    ``loss_sum[i]`` adds the loss (the module's own :meth:`~ijepa.module.IJEPA.prediction_loss`,
+    ``loss_sum[i]`` adds the loss (:func:`ijepa.step.prediction_loss` with the module's ``model.loss``,
     averaged over channels) of every prediction of patch ``i`` in the batch, ``count[i]`` how many
     there were, so ``loss_sum.sum() / count.sum()`` is the batch's ``jepa_loss`` and
     ``loss_sum / count`` the map.
     """
-    out = pl_module.predict_targets(batch)
-    per_target = pl_module.prediction_loss(out.predictions, out.targets, reduction="none").mean(-1)  # [B, M, Kt]
+    out = pl_module.predict(batch)
+    per_target = prediction_loss(out.predictions, out.targets, pl_module.hparams.loss, "none").mean(-1)  # [B, M, Kt]
     num_positions = out.target_features.size(1)
     # the positions predicted: the batch's targets, or those the step says (a student matching every token)
     flat = (batch.target_indices if out.target_indices is None else out.target_indices).flatten()

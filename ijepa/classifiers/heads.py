@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -217,7 +217,7 @@ def grid_optimizer(
     raise ValueError(f"kind must be one of 'sgd', 'adamw', got {kind!r}.")
 
 
-def cosine_schedule(
+def cosine_lr_scheduler(
     optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Every group's lr times the same factor: linear warm-up from 0 over ``warmup_steps``, then a
@@ -272,7 +272,7 @@ class HeadGridTrainer:
     ):
         self.grids, self.loss = grids, loss
         self.optimizers = [grid_optimizer(grid, lrs, weight_decays, kind=optimizer) for grid, _ in grids]
-        self.schedules = [cosine_schedule(o, total_steps, warmup_steps) for o in self.optimizers]
+        self.schedules = [cosine_lr_scheduler(o, total_steps, warmup_steps) for o in self.optimizers]
 
     def step(self, features: torch.Tensor, labels: torch.Tensor) -> float:
         """One step of every head on ``features`` (the whole global batch) -> the summed loss."""
@@ -286,6 +286,21 @@ class HeadGridTrainer:
                 optimizer.step()
                 schedule.step()
         return float(loss.detach())
+
+    def fit(
+        self,
+        batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+        device: torch.device,
+        total_steps: int,
+        on_loss: Callable[[int, float], None] | None = None,
+        every: int = 10,
+    ) -> None:
+        """:meth:`step` on each ``(features, targets)`` of ``batches`` (moved to ``device``), and
+        ``on_loss(step, summed loss)`` every ``every`` steps and at step ``total_steps``."""
+        for step, (features, targets) in enumerate(batches, 1):
+            loss = self.step(features.to(device), targets.to(device))
+            if on_loss is not None and (step % every == 0 or step == total_steps):
+                on_loss(step, loss)
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ from torch.utils.data import default_collate
 
 from ijepa.data.batch import ClipBatch, DenseBatch, GridBatch, LabeledBatch, LabeledClipBatch
 from ijepa.data.sampling import mix_seed
-from ijepa.masks import MultiBlockMaskSampler, context_padding_mask
+from ijepa.masks import MaskSampler, context_padding_mask
 from ijepa.nn.checks import check_indices
 
 
@@ -36,9 +36,9 @@ class MaskCollator:
 
     def __init__(
         self,
-        sampler: MultiBlockMaskSampler,
+        sampler: MaskSampler,
         masks_per_image: int = 1,
-        patch_samplers: dict[int, MultiBlockMaskSampler] | None = None,
+        patch_samplers: dict[int, MaskSampler] | None = None,
     ):
         if masks_per_image < 1:
             raise ValueError(f"masks_per_image must be >= 1, got {masks_per_image}.")
@@ -76,7 +76,7 @@ def split_seeds(samples: list) -> tuple[list, torch.Generator | None]:
 
 def masked_batch(
     images: torch.Tensor,
-    sampler: MultiBlockMaskSampler,
+    sampler: MaskSampler,
     context_indices: torch.Tensor,
     target_indices: torch.Tensor,
     labels: torch.Tensor | None = None,

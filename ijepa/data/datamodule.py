@@ -1,5 +1,5 @@
-"""The IJEPADataModule: a data source (chosen by ``class_path``) plus what every source shares:
-image size, batches, workers, augmentation and I-JEPA masks."""
+"""The IJEPADataModule: a data source and a mask kind (each chosen by ``class_path``) plus what
+every source shares: image size, batches, workers, augmentation."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ijepa.data.sampling import (
 )
 from ijepa.data.sources import DataSource, SplitSettings, STL10Source
 from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ResizeCentreCrop, ToNormalizedFloat, eval_transform
-from ijepa.masks import MultiBlockMaskSampler, SpatioTemporalMaskSampler
+from ijepa.masks import Masks, MultiBlockMasks, SpatioTemporalMasks, masks_from_config
 from ijepa.nn.checks import check_range
 from ijepa.nn.patch import grid_size
 
@@ -33,7 +33,13 @@ class IJEPADataModule(L.LightningDataModule):
     ``class_path``): ``STL10Source``, ``ImageFolderSource``, ``ShapesSource``,
     ``MovingShapesSource`` or ``VideoFolderSource``, each with its own options. Clip sources
     need ``num_frames > 0`` (linked from ``model.num_frames`` by the CLI): batches then hold clips
-    ``[B, 3, T, H, W]`` under ``images`` and spatio-temporal masks.
+    ``[B, 3, T, H, W]`` under ``images``.
+
+    Which patches are context and which targets is the ``masks`` kind (:mod:`ijepa.masks`, chosen
+    in YAML by ``class_path``): ``MultiBlockMasks`` (I-JEPA), ``SpatioTemporalMasks`` (clips),
+    ``RandomMasks`` (MAE-style), each with its own options; the DataModule builds its samplers
+    for every grid it needs (the patch grid, each FlexiViT patch size's, a clip's token grid,
+    each native-resolution image's).
 
     ``probe_source`` (any source, optional): a labelled source whose ``probe_train`` /
     ``probe_test`` splits replace the source's for the probes and set ``num_classes``, e.g. a
@@ -61,26 +67,14 @@ class IJEPADataModule(L.LightningDataModule):
         pin_memory: pin host memory when a GPU is used.
         crop_scale: RandomResizedCrop area range, or null for no crop (resize only).
         horizontal_flip: random horizontal flips in pretraining (with or without ``crop_scale``).
-        num_target_blocks: target blocks per image (I-JEPA: 4).
-        target_scale: area range of a target block, as a fraction of the image.
-        target_aspect_ratio: height/width range of a target block.
-        context_scale: area range of the context block.
-        min_keep: fewest context patches left after removing the targets.
-        context_policy: how a batch holds contexts of different lengths: ``thin`` (official I-JEPA:
-            every context cut at random to the batch's shortest) or ``pad`` (each image keeps its
-            whole context, padded to the batch's longest, with ``context_mask`` in the batch) or
-            ``static`` (one context count and one target-block size for the whole run, padded
-            and masked, so a compiled step is captured once: ``docs/benchmarks.md``).
-        masks_per_image: mask sets sampled per pretraining image; the model predicts each from its
-            own context against one target-encoder pass (data2vec 2.0's multi-mask). Validation
-            batches keep one, so ``val/loss`` does not depend on it.
+        masks: the mask kind and its options (``{class_path, init_args}`` in YAML); null:
+            ``MultiBlockMasks()`` for images, ``SpatioTemporalMasks()`` for clips.
         probe_batch_size: batch size of the probes' feature extraction.
         seed: seed of the generated data and, mixed with the run's seed, of order, augmentations
             and masks.
         num_frames: frames per clip (clip sources; linked to ``model.num_frames`` by the CLI);
             0 for images.
         tubelet_size: frames per tubelet (linked from ``model.tubelet_size`` by the CLI).
-        temporal_scale: range of the share of the frames a target block spans (clips).
         train_patch_sizes: FlexiViT training: each pretraining batch draws its patch size from
             this list (each must divide ``image_size``) and samples its masks on that grid; the
             model resizes its kernel and position encoding to match (``docs/native_resolution.md``).
@@ -107,18 +101,11 @@ class IJEPADataModule(L.LightningDataModule):
         pin_memory: bool = True,
         crop_scale: tuple[float, float] | None = (0.3, 1.0),
         horizontal_flip: bool = False,
-        num_target_blocks: int = 4,
-        target_scale: tuple[float, float] = (0.15, 0.2),
-        target_aspect_ratio: tuple[float, float] = (0.75, 1.5),
-        context_scale: tuple[float, float] = (0.85, 1.0),
-        min_keep: int = 4,
-        context_policy: str = "thin",
-        masks_per_image: int = 1,
+        masks: Masks | None = None,
         probe_batch_size: int = 256,
         seed: int = 0,
         num_frames: int = 0,
         tubelet_size: int = 2,
-        temporal_scale: tuple[float, float] = (1.0, 1.0),
         train_patch_sizes: list[int] | None = None,
         native_sides: tuple[int, int] | None = None,
         token_budget: int | None = None,
@@ -127,12 +114,11 @@ class IJEPADataModule(L.LightningDataModule):
         super().__init__()
         source = STL10Source() if source is None else source
         # Every numeric option is checked here, before any data is read; the image and patch
-        # size by grid_size, the mask shapes by the mask sampler, the native-resolution options
-        # by PackedMaskCollator, below. data.seed takes any int.
+        # size by grid_size, the mask options by the mask kind and its samplers, the
+        # native-resolution options by PackedMaskCollator, below. data.seed takes any int.
         for name, value, low in (
             ("batch_size", batch_size, 1),
             ("probe_batch_size", probe_batch_size, 1),
-            ("masks_per_image", masks_per_image, 1),
             ("num_workers", num_workers, 0),
             ("num_frames", num_frames, 0),
             ("tubelet_size", tubelet_size, 1),
@@ -140,8 +126,6 @@ class IJEPADataModule(L.LightningDataModule):
             check_range(value, name, low)
         if crop_scale is not None and (len(crop_scale) != 2 or not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0):
             raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, or null; got {crop_scale}.")
-        if len(temporal_scale) != 2 or not 0.0 < temporal_scale[0] <= temporal_scale[1] <= 1.0:
-            raise ValueError(f"temporal_scale must be (min, max) with 0 < min <= max <= 1, got {temporal_scale}.")
         for name, value in (("source", source), ("probe_source", probe_source)):
             if value is not None and not isinstance(value, DataSource):
                 raise TypeError(f"data.{name} must be a DataSource (ijepa.data.sources), got {type(value).__name__}.")
@@ -150,27 +134,31 @@ class IJEPADataModule(L.LightningDataModule):
                     f"num_frames must be > 0 exactly for sources of clips: data.{name} is {type(value).__name__} "
                     f"({'clips' if value.clips else 'images'}), got num_frames={num_frames}."
                 )
+        if masks is None:
+            masks = SpatioTemporalMasks() if num_frames > 0 else MultiBlockMasks()
+        elif isinstance(masks, dict):  # a checkpoint's plain values (Masks.config)
+            masks = masks_from_config(masks)
+        if not isinstance(masks, Masks):
+            raise TypeError(f"data.masks must be a mask kind (ijepa.masks), got {type(masks).__name__}.")
+        if masks.clips is not None and masks.clips != (num_frames > 0):
+            raise ValueError(
+                f"data.masks is {type(masks).__name__}, for {'clips' if masks.clips else 'images'}, but num_frames="
+                f"{num_frames}: images take e.g. ijepa.masks.MultiBlockMasks, clips ijepa.masks.SpatioTemporalMasks."
+            )
         self.source = source
         self.probe_source = probe_source
-        # Checkpoints keep plain values (they load under weights_only=True): the sources'
-        # class paths and options, not the objects.
-        self.save_hyperparameters(ignore=["source", "probe_source"])
+        self.masks = masks
+        # Checkpoints keep plain values (they load under weights_only=True): the sources' and
+        # the masks' class paths and options, not the objects.
+        self.save_hyperparameters(ignore=["source", "probe_source", "masks"])
         self.hparams["source"] = source.config()
         self.hparams["probe_source"] = probe_source.config() if probe_source is not None else None
+        self.hparams["masks"] = masks.config()
         self.grid_size = grid_size(image_size, patch_size)
         if num_frames:
             if tubelet_size < 1 or num_frames % tubelet_size:
                 raise ValueError(f"num_frames={num_frames} must be a positive multiple of tubelet_size={tubelet_size}.")
-            self.mask_sampler = SpatioTemporalMaskSampler(
-                num_frames // tubelet_size,
-                self.grid_size,
-                num_target_blocks,
-                target_scale,
-                target_aspect_ratio,
-                temporal_scale,
-                min_keep=min_keep,
-                context_policy=context_policy,
-            )
+            self.mask_sampler = masks.sampler((num_frames // tubelet_size, self.grid_size, self.grid_size))
         else:
             self.mask_sampler = self.image_sampler(self.grid_size)
         self.patch_samplers = None
@@ -194,10 +182,10 @@ class IJEPADataModule(L.LightningDataModule):
                 self.patch_samplers[size] = self.image_sampler(side)
         self.native_collators = None
         if native_sides is not None:
-            if num_frames or train_patch_sizes is not None or masks_per_image != 1:
+            if num_frames or train_patch_sizes is not None or masks.masks_per_image != 1:
                 raise ValueError(
                     "native_sides is for images at one patch size with one mask set each: not with num_frames, "
-                    "train_patch_sizes or masks_per_image > 1."
+                    "train_patch_sizes or masks_per_image > 1 (data.masks)."
                 )
             side = self.grid_size
             if len(native_sides) != 2 or not 2 <= native_sides[0] <= native_sides[1] <= side:
@@ -211,16 +199,9 @@ class IJEPADataModule(L.LightningDataModule):
                     f"token_budget must hold one full-size image's {side * side} tokens (validation packs "
                     f"image_size images), got {token_budget}."
                 )
-            masks = dict(
-                num_target_blocks=num_target_blocks,
-                target_scale=target_scale,
-                target_aspect_ratio=target_aspect_ratio,
-                context_scale=context_scale,
-                min_keep=min_keep,
-            )
             self.native_collators = {
-                "train": PackedMaskCollator(patch_size, (side, side), budget, token_drop, **masks),
-                "val": PackedMaskCollator(patch_size, (side, side), budget, 0.0, **masks),
+                "train": PackedMaskCollator(patch_size, (side, side), budget, token_drop, masks=masks),
+                "val": PackedMaskCollator(patch_size, (side, side), budget, 0.0, masks=masks),
             }
             self.native_collators["train"].check(tuple(native_sides))  # fail fast on impossible masks
         elif token_budget is not None or token_drop:
@@ -228,19 +209,10 @@ class IJEPADataModule(L.LightningDataModule):
         self.num_classes = 10
         self._splits: dict[str, Dataset] = {}
 
-    def image_sampler(self, grid_size: int, context_policy: str | None = None) -> MultiBlockMaskSampler:
-        """The image mask sampler of this data's settings on a ``grid_size`` square grid (with
-        another ``context_policy`` if given)."""
-        hp = self.hparams
-        return MultiBlockMaskSampler(
-            grid_size,
-            hp.num_target_blocks,
-            tuple(hp.target_scale),
-            tuple(hp.target_aspect_ratio),
-            tuple(hp.context_scale),
-            min_keep=hp.min_keep,
-            context_policy=context_policy or hp.context_policy,
-        )
+    def image_sampler(self, grid_size: int, context_policy: str | None = None):
+        """The image mask sampler of ``data.masks`` on a ``grid_size`` square grid (with another
+        ``context_policy`` if given)."""
+        return self.masks.sampler(grid_size, context_policy)
 
     # --- transforms ---------------------------------------------------------------------------
     def train_transform(self) -> v2.Transform:
@@ -385,7 +357,7 @@ class IJEPADataModule(L.LightningDataModule):
             num_workers=workers,
             collate_fn=self.native_collators["train"]
             if self.native_collators
-            else MaskCollator(self.mask_sampler, hp.masks_per_image, self.patch_samplers),
+            else MaskCollator(self.mask_sampler, self.masks.masks_per_image, self.patch_samplers),
             pin_memory=hp.pin_memory and torch.cuda.is_available(),
             drop_last=True,
             persistent_workers=workers > 0,

@@ -9,7 +9,7 @@ from torchvision.transforms import v2
 
 from ijepa.data.batch import PackedBatch
 from ijepa.data.collate import split_seeds
-from ijepa.masks import MultiBlockMaskSampler
+from ijepa.masks import Masks, MaskSampler, MultiBlockMasks
 from ijepa.nn.packing import Packed, canvas_positions, drop_tokens, pack, pack_greedy, patchify
 
 
@@ -34,11 +34,12 @@ class PackedMaskCollator:
     """DataLoader ``collate_fn`` for native-resolution batches of ``(image, label[, seed])``
     samples whose images differ in size (multiples of ``patch_size``).
 
-    Per image: masks from a :class:`MultiBlockMaskSampler` on its own grid (every context kept
-    whole: no thinning, no padding), then NaViT's ``token_drop`` on the context. Two settings
-    follow the image: the context block's aspect ratio is relative to the grid's (aspect 1 means
-    the image's own shape, as it means the square on the fixed grid), and ``min_keep`` scales with
-    the image's share of the full grid's patches (at least 1). The three token
+    Per image: masks from the ``masks`` kind's :meth:`~ijepa.masks.Masks.native_sampler` on its
+    own grid (every context kept whole: no thinning, no padding), then NaViT's ``token_drop`` on
+    the context. With :class:`~ijepa.masks.MultiBlockMasks` (the default, or built from
+    ``mask_options``) two settings follow the image: the context block's aspect ratio is the
+    grid's own, and ``min_keep`` scales with the image's share of the full grid's patches (at
+    least 1). The three token
     sets are packed separately into sequences of at most ``token_budget`` slots (first fit,
     longest first; an image larger than the budget is an error), returned as a
     :class:`~ijepa.data.batch.PackedBatch`:
@@ -66,15 +67,17 @@ class PackedMaskCollator:
         token_budget: int,
         token_drop: float = 0.0,
         packing: bool = True,
+        masks: Masks | None = None,
         **mask_options,
     ):
         if not 0.0 <= token_drop < 1.0:
             raise ValueError(f"token_drop must be in [0, 1), got {token_drop}.")
         self.patch_size, self.canvas, self.budget, self.token_drop = patch_size, tuple(canvas), token_budget, token_drop
         self.packing = packing
-        self.mask_options = {**mask_options, "context_policy": "pad"}  # one image per call: nothing to pad
-        self.mask_options.setdefault("max_tries", 100)  # one image per call: retries are cheap
-        self._samplers: dict[tuple[int, int], MultiBlockMaskSampler] = {}
+        if masks is not None and mask_options:
+            raise ValueError("PackedMaskCollator takes masks or mask options (MultiBlockMasks'), not both.")
+        self.masks = masks if masks is not None else MultiBlockMasks(**mask_options)
+        self._samplers: dict[tuple[int, int], MaskSampler] = {}
 
     def bins(self, lengths: list[int], budget: int) -> list[list[int]]:
         """Images grouped into sequences: packed up to ``budget`` slots, or one per sequence."""
@@ -82,17 +85,10 @@ class PackedMaskCollator:
             return [[i] for i in range(len(lengths))]
         return pack_greedy(lengths, budget)
 
-    def sampler(self, grid: tuple[int, int]) -> MultiBlockMaskSampler:
+    def sampler(self, grid: tuple[int, int]) -> MaskSampler:
         """The mask sampler of an image with a ``grid = (h, w)`` of patches."""
         if grid not in self._samplers:
-            options = dict(self.mask_options)
-            aspect = grid[0] / grid[1]
-            low, high = options.pop("context_aspect_ratio", (1.0, 1.0))
-            full = self.canvas[0] * self.canvas[1]
-            min_keep = max(1, round(options.pop("min_keep", 4) * grid[0] * grid[1] / full))
-            self._samplers[grid] = MultiBlockMaskSampler(
-                grid, context_aspect_ratio=(low * aspect, high * aspect), min_keep=min_keep, **options
-            )
+            self._samplers[grid] = self.masks.native_sampler(grid, self.canvas)
         return self._samplers[grid]
 
     def check(self, sides: tuple[int, int]) -> None:

@@ -14,7 +14,6 @@ import torch
 
 from ijepa.classifiers import (
     SegmentationHeadGrid,
-    feature_batches,
     grid_confusions,
     segmentation_grid_loss,
     segmentation_scores,
@@ -162,28 +161,11 @@ class SegmentationProtocol(HeadGridProtocol):
                 f"last_blocks must be in 1..{ctx.encoder.depth} (the encoder's depth), got {self.last_blocks}."
             )
         view = ctx.with_target("masks", f"{self.name} (segmentation)")
-        fabric, kind, blocks = ctx.fabric, self.feature_kind, self.last_blocks
+        kind, blocks = self.feature_kind, self.last_blocks
         batch_size = self.batch_size or ctx.data.batch_size
-        if self.augment:
-            x_train = m_train = None
-            x_val, m_val = view.val_features(kind, blocks)
-        else:
-            x_train, m_train, x_val, m_val = view.train_val(kind, blocks)
+        x_train, m_train, x_val, m_val = self.grid_splits(view)
         self._classes = self.classes(view)
-        width = x_val.size(-1) // blocks
-        steps_per_epoch = view.steps_per_epoch(batch_size)
-        total = self.epochs * steps_per_epoch
-        grids, trainer = self.trainer(view, width, total, round(self.warmup_epochs * steps_per_epoch))
-        if self.augment:
-            batches = (
-                b for epoch in range(self.epochs) for b in view.augmented_batches(epoch, batch_size, kind, blocks)
-            )
-        else:
-            batches = feature_batches(x_train, m_train, batch_size, ctx.seed, total)
-        for step, (features, masks) in enumerate(batches, 1):
-            loss = trainer.step(features.to(fabric.device), masks.to(fabric.device))
-            if step % 10 == 0 or step == total:
-                ctx.log({f"{self.name}/train_loss": loss / len(self.points)}, step)
+        grids, total = self.train_grids(view, x_val.size(-1) // blocks, x_train, m_train)
         (_, settings, grid) = grids[0]
         confusions = grid_confusions(grid, x_val, m_val, self._classes, batch_size)
         heads = []

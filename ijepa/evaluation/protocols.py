@@ -418,15 +418,21 @@ class HeadGridProtocol(Protocol):
         """``features -> grid input`` of the grid with ``settings`` (:meth:`grid_input`)."""
         return lambda features: self.grid_input(settings, features)
 
-    def evaluate(self, ctx: EvalContext) -> dict:
-        fabric, kind, blocks = ctx.fabric, self.feature_kind, self.blocks_needed
+    def grid_splits(self, ctx: EvalContext) -> tuple:
+        """``(x_train, y_train, x_val, y_val)`` of :attr:`feature_kind`; with ``augment`` the train
+        split is encoded batch by batch, augmented (:meth:`train_grids`): only validation is extracted."""
+        kind, blocks = self.feature_kind, self.blocks_needed
+        if self.augment:
+            return (None, None, *ctx.val_features(kind, blocks))
+        return ctx.train_val(kind, blocks)
+
+    def train_grids(
+        self, ctx: EvalContext, width: int, x_train: torch.Tensor | None, y_train: torch.Tensor | None
+    ) -> tuple[list[tuple[str, dict, torch.nn.Module]], int]:
+        """The grids (:meth:`trainer`) trained for ``epochs`` on augmented batches or the cached
+        ``x_train``, ``y_train``, logging the mean loss per head -> ``(grids, steps)``."""
+        kind, blocks = self.feature_kind, self.blocks_needed
         batch_size = self.batch_size or ctx.data.batch_size
-        if self.augment:  # the train split is encoded batch by batch, augmented: only validation is extracted
-            x_train = y_train = None
-            x_val, y_val = ctx.val_features(kind, blocks)
-        else:
-            x_train, y_train, x_val, y_val = ctx.train_val(kind, blocks)
-        width = x_val.size(-1) // (blocks if kind == "blocks" else 1)
         steps_per_epoch = ctx.steps_per_epoch(batch_size)
         total = self.epochs * steps_per_epoch
         grids, trainer = self.trainer(ctx, width, total, round(self.warmup_epochs * steps_per_epoch))
@@ -436,10 +442,21 @@ class HeadGridProtocol(Protocol):
             )
         else:
             batches = feature_batches(x_train, y_train, batch_size, ctx.seed, total)
-        for step, (features, labels) in enumerate(batches, 1):
-            loss = trainer.step(features.to(fabric.device), labels.to(fabric.device))
-            if step % 10 == 0 or step == total:
-                ctx.log({f"{self.name}/train_loss": loss / (len(grids) * len(self.points))}, step)
+        heads = len(grids) * len(self.points)
+        trainer.fit(
+            batches,
+            ctx.fabric.device,
+            total,
+            lambda step, loss: ctx.log({f"{self.name}/train_loss": loss / heads}, step),
+        )
+        return grids, total
+
+    def evaluate(self, ctx: EvalContext) -> dict:
+        kind, blocks = self.feature_kind, self.blocks_needed
+        batch_size = self.batch_size or ctx.data.batch_size
+        x_train, y_train, x_val, y_val = self.grid_splits(ctx)
+        width = x_val.size(-1) // (blocks if kind == "blocks" else 1)
+        grids, total = self.train_grids(ctx, width, x_train, y_train)
         step = total
         heads, classifiers = [], []
         for label, settings, grid in grids:

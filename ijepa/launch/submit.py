@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ijepa submit",
         description="Submit `ijepa fit` runs (one, or a sweep as one job array) to SLURM or run them here.",
-        epilog="e.g. ijepa submit --nodes 2 --gpus-per-node 8 --time 1440 --grid model.lr=1e-3,3e-4 "
+        epilog="e.g. ijepa submit --nodes 2 --gpus-per-node 8 --time 1440 --grid model.optim.lr=1e-3,3e-4 "
         "-- fit --config configs/stl10_vit_small.yaml",
     )
     parser.add_argument("--executor", choices=("slurm", "local"), default="slurm")

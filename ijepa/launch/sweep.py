@@ -1,6 +1,6 @@
-"""A sweep's points: each a dict of overrides (``{"model.lr": "1e-3"}``) of one ``ijepa fit`` run.
+"""A sweep's points: each a dict of overrides (``{"model.optim.lr": "1e-3"}``) of one ``ijepa fit`` run.
 
-A grid (``--grid model.lr=1e-3,3e-4 data.batch_size=64,128``, or a YAML/JSON mapping of lists)
+A grid (``--grid model.optim.lr=1e-3,3e-4 data.batch_size=64,128``, or a YAML/JSON mapping of lists)
 is the cartesian product of its lists; a list of points (a YAML/JSON list of mappings) is taken
 as it is.
 """
@@ -24,13 +24,13 @@ def grid_points(grid: dict[str, list]) -> list[dict[str, str]]:
 
 
 def parse_grid(items: list[str]) -> list[dict[str, str]]:
-    """``["model.lr=1e-3,3e-4", ...]`` from the command line: the product of the lists."""
+    """``["model.optim.lr=1e-3,3e-4", ...]`` from the command line: the product of the lists."""
     grid: dict[str, list] = {}
     for item in items:
         key, _, values = item.partition("=")
         key = key.removeprefix("--")
         if not key or not values or any(not value for value in values.split(",")):
-            raise SweepError(f"--grid: {item!r} is not KEY=VALUE[,VALUE...] (e.g. model.lr=1e-3,3e-4).")
+            raise SweepError(f"--grid: {item!r} is not KEY=VALUE[,VALUE...] (e.g. model.optim.lr=1e-3,3e-4).")
         if key in grid:
             raise SweepError(f"--grid: {key} is given twice; list all its values in one KEY=V1,V2.")
         grid[key] = values.split(",")
@@ -48,7 +48,7 @@ def read_sweep_file(path: str) -> list[dict[str, str]]:
         raise SweepError(f"--sweep-file {path}: not YAML or JSON ({str(error).splitlines()[0]}).") from error
     shape = (
         "a mapping of KEY: [values] (a grid) or a list of mappings of KEY: value (the points), "
-        "e.g. {model.lr: [1e-3, 3e-4]} or [{model.lr: 1e-3}, {model.lr: 3e-4, data.batch_size: 64}]"
+        "e.g. {model.optim.lr: [1e-3, 3e-4]} or [{model.optim.lr: 1e-3}, {model.optim.lr: 3e-4, data.batch_size: 64}]"
     )
     if isinstance(content, dict) and content and all(isinstance(v, list) and v for v in content.values()):
         return grid_points({str(k).removeprefix("--"): v for k, v in content.items()})

@@ -56,7 +56,7 @@ def varcov(**options) -> str:
 # Each lever alone, as overrides on top of the plain recipe; "recipe" is the quickstart itself.
 VARIANTS: dict[str, list[str]] = {
     "plain": [f"--config={PLAIN}"],
-    "+pad": [f"--config={PLAIN}", "--data.context_policy=pad"],
+    "+pad": [f"--config={PLAIN}", "--data.masks.init_args.context_policy=pad"],
     "+official_init": [f"--config={PLAIN}", "--model.rescale_residuals=false"],
     "+sigreg_tokens": [f"--config={PLAIN}", sigreg(input="tokens")],
     "+sigreg_pooled": [f"--config={PLAIN}", sigreg(input="pooled")],
@@ -69,7 +69,7 @@ VARIANTS: dict[str, list[str]] = {
     "+varcov_inorm": [f"--config={PLAIN}", varcov(input="tokens"), "--model.target_norm=instance"],
     "+sigreg_proj": [f"--config={PLAIN}", sigreg(input="tokens", projector=[512, 128])],
     "+sigreg_half_proj": [f"--config={PLAIN}", sigreg(input="tokens", projector=[512, 128], projector_share=0.5)],
-    "+sigreg_multimask": [f"--config={PLAIN}", sigreg(input="tokens"), "--data.masks_per_image=2"],
+    "+sigreg_multimask": [f"--config={PLAIN}", sigreg(input="tokens"), "--data.masks.init_args.masks_per_image=2"],
     "+sigreg_inorm": [f"--config={PLAIN}", sigreg(input="tokens"), "--model.target_norm=instance"],
 }
 

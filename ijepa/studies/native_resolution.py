@@ -35,6 +35,7 @@ from ijepa.cli import IJEPACLI
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.sources import source_from_config
 from ijepa.legacy import upgrade_data_hparams
+from ijepa.masks import MultiBlockMasks
 from ijepa.module import IJEPA
 from ijepa.studies.resolution import knn_top1, load_at
 
@@ -106,7 +107,8 @@ def probe(path: Path, image_sizes: list[int], patch_sizes: list[int]) -> dict[st
         if data.get(key) is not None:
             data[key] = source_from_config(data[key])
     # the probe reads plain images: no FlexiViT or native batches, masks unused (min_keep=1)
-    data.update(num_workers=0, min_keep=1, train_patch_sizes=None, native_sides=None, token_budget=None, token_drop=0)
+    data.update(num_workers=0, masks=MultiBlockMasks(min_keep=1), train_patch_sizes=None, native_sides=None)
+    data.update(token_budget=None, token_drop=0)
     base_size, base_patch = data["image_size"], checkpoint["hyper_parameters"]["patch_size"]
     scores = {}
     for key, image_size, patch_size in [(f"{s}px", s, base_patch) for s in image_sizes] + [

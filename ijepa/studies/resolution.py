@@ -29,8 +29,12 @@ from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.sources import source_from_config
 from ijepa.evaluation.encoders import rebuild_at
 from ijepa.legacy import upgrade_data_hparams
+from ijepa.masks import MultiBlockMasks
 from ijepa.module import IJEPA
 from ijepa.nn.resize import resize_patch, resize_patch_embed_kernel
+
+# Masks are not used by the probe; min_keep=1 keeps small grids valid.
+LOOSE_MASKS = {"masks": MultiBlockMasks(min_keep=1)}
 
 
 def knn_top1(model: IJEPA, datamodule: IJEPADataModule, k: int = 20, temperature: float = 0.07) -> float:
@@ -94,8 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     train_size = data_hparams["image_size"]
     results: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for image_size in args.image_sizes:
-        # Masks are not used by the probe; min_keep=1 keeps small grids valid.
-        datamodule = IJEPADataModule(**{**data_hparams, "image_size": image_size, "num_workers": 0, "min_keep": 1})
+        datamodule = IJEPADataModule(**{**data_hparams, "image_size": image_size, "num_workers": 0, **LOOSE_MASKS})
         datamodule.setup("validate")
         for path, checkpoint in saved.items():
             if checkpoint["datamodule_hyper_parameters"]["image_size"] != train_size:
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     patch_errors = {}
     if args.patch_sizes:
-        datamodule = IJEPADataModule(**{**data_hparams, "num_workers": 0, "min_keep": 1})
+        datamodule = IJEPADataModule(**{**data_hparams, "num_workers": 0, **LOOSE_MASKS})
         datamodule.setup("validate")
         images = next(iter(datamodule.probe_test_dataloader())).images
         model = load_at(saved[args.checkpoints[0]], train_size)

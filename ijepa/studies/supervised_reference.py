@@ -5,7 +5,7 @@ set where labels buy +10 in the same steps and little where they buy +60. This s
 model and data of a config exactly as ``ijepa fit`` would (:func:`ijepa.cli.instantiate`), trains
 the online encoder of the model with a linear head on its mean-pooled features (cross-entropy on
 the labelled train split, the config's batch size, number of steps, learning-rate warm-up and
-cosine and AdamW betas; ``model.weight_decay``, held constant, on every weight of two or more
+cosine and AdamW betas; ``model.optim.weight_decay``, held constant, on every weight of two or more
 dimensions), and scores it with the same k-NN and linear probes as the
 JEPA runs (:mod:`ijepa.callbacks.knn`, :mod:`ijepa.callbacks.linear`) at step 0 and at the end::
 
@@ -55,16 +55,16 @@ def probe_scores(model: IJEPA, datamodule) -> dict[str, float]:
 def train_supervised(model: IJEPA, datamodule, steps: int, seed: int) -> dict[str, float]:
     """Train ``model.encoder`` plus a linear head with labels for ``steps`` optimizer steps; the
     probe scores at step 0 and at the end, the first and the last training loss and the wall time."""
-    hp = model.hparams
+    hp, opt = model.hparams, model.optim
     encoder = model.encoder
     head = torch.nn.Linear(hp.embed_dim, datamodule.num_classes)
     params = [p for p in [*encoder.parameters(), *head.parameters()] if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=hp.lr,
-        betas=tuple(hp.betas),
+        [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=opt.lr,
+        betas=opt.betas,
     )
     bank = datamodule.probe_train_dataloader()
     loader = DataLoader(
@@ -79,7 +79,7 @@ def train_supervised(model: IJEPA, datamodule, steps: int, seed: int) -> dict[st
     start, step, losses = time.perf_counter(), 0, []
     while step < steps:
         for batch in loader:
-            lr = warmup_cosine_schedule(step, steps, min(hp.warmup_steps, steps), hp.lr, hp.final_lr, hp.start_lr)
+            lr = warmup_cosine_schedule(step, steps, min(opt.warmup_steps, steps), opt.lr, opt.final_lr, opt.start_lr)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss = F.cross_entropy(head(encoder(batch.images).mean(1)), batch.labels)

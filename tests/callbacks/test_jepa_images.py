@@ -3,14 +3,14 @@ back to the loss, and the callback logs them."""
 
 import pytest
 import torch
-from conftest import TINY_MODEL
+from conftest import TINY_CLIP_MODEL, TINY_MODEL
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ijepa.callbacks import JEPAImages, position_loss_map
 from ijepa.data.batch import GridBatch
 from ijepa.data.sources import MovingShapesSource
-from ijepa.masks import MultiBlockMaskSampler
+from ijepa.masks import MultiBlockMaskSampler, SpatioTemporalMasks
 from ijepa.module import IJEPA
 from ijepa.pictures import CONTEXT_COLOUR, TARGET_COLOURS, clip_mask_overlay, mask_overlay
 
@@ -94,24 +94,12 @@ def test_callbacks_log_clip_pictures(tmp_path, make_datamodule, make_trainer):
         image_size=16,
         patch_size=4,
         batch_size=8,
-        min_keep=4,
-    )
-    clip_model = dict(
-        image_size=16,
-        patch_size=4,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        predictor_embed_dim=16,
-        predictor_depth=1,
-        predictor_num_heads=2,
-        num_frames=4,
-        tubelet_size=2,
+        masks=SpatioTemporalMasks(target_scale=(0.1, 0.15), min_keep=4),
     )
     for version, pos_embed in enumerate(("mrope", "learned_3d")):
         logger = TensorBoardLogger(tmp_path, name="", version=version)
         trainer = make_trainer(callbacks=[JEPAImages(num_images=3), PositionSimilarityImages()], logger=logger)
-        model = IJEPA(**clip_model, pos_embed=pos_embed, predictor_pos_embed=pos_embed, time_unit=0.2)
+        model = IJEPA(**TINY_CLIP_MODEL, pos_embed=pos_embed, predictor_pos_embed=pos_embed, time_unit=0.2)
         trainer.validate(model, datamodule=data, verbose=False)
         logger.experiment.flush()
         events = EventAccumulator(str(tmp_path / f"version_{version}"), size_guidance={"images": 0, "histograms": 0})

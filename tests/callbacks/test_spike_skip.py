@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ijepa.callbacks import EMATargetUpdate, LossSpikeSkip, SpikeTracker
 from ijepa.module import IJEPA
+from ijepa.optim import OptimConfig
 
 
 class Spiking(IJEPA):
@@ -75,7 +76,7 @@ def assert_equal(a, b):
 
 def fit(tmp_path, spikes, max_steps, guard, *callbacks, ckpt_path=None, every_n_train_steps=1, **trainer_options):
     L.seed_everything(0)
-    model = Spiking(spikes, **TINY_MODEL, warmup_steps=2, drop_path_rate=0.1)
+    model = Spiking(spikes, **TINY_MODEL, optim=OptimConfig(warmup_steps=2), drop_path_rate=0.1)
     data = tiny_datamodule(train_size=80, val_size=20, batch_size=16)
     checkpoint = ModelCheckpoint(
         dirpath=tmp_path / "ckpt", every_n_train_steps=every_n_train_steps, save_top_k=-1, save_last=True

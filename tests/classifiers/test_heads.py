@@ -12,7 +12,7 @@ from ijepa.classifiers.heads import (
     AttentiveHead,
     AttentiveHeadGrid,
     LinearHeadGrid,
-    cosine_schedule,
+    cosine_lr_scheduler,
     grid_accuracy,
     grid_loss,
     grid_optimizer,
@@ -33,7 +33,7 @@ def batches(steps: int, shape: tuple[int, ...], num_classes: int, seed: int = 0)
 def train(grid, lrs, weight_decays, kind, data):
     grid.double().train()
     optimizer = grid_optimizer(grid, lrs, weight_decays, kind)
-    schedule = cosine_schedule(optimizer, total_steps=len(data), warmup_steps=3)
+    schedule = cosine_lr_scheduler(optimizer, total_steps=len(data), warmup_steps=3)
     for x, y in data:
         loss = grid_loss(grid(x), y)
         optimizer.zero_grad(set_to_none=True)
@@ -158,7 +158,7 @@ def test_head_h_owns_param_groups_2h_and_2h_plus_1_and_biases_and_norms_are_not_
 def test_the_cosine_schedule_warms_up_linearly_then_decays_to_zero_for_every_head():
     grid = LinearHeadGrid(4, 2, 2)
     optimizer = grid_optimizer(grid, [1.0, 0.1], [0.0, 0.0])
-    schedule = cosine_schedule(optimizer, total_steps=6, warmup_steps=2)
+    schedule = cosine_lr_scheduler(optimizer, total_steps=6, warmup_steps=2)
     seen = []
     for _ in range(7):
         seen.append([group["lr"] for group in optimizer.param_groups[::2]])
@@ -194,7 +194,7 @@ def test_the_cosine_schedule_warms_up_linearly_then_decays_to_zero_for_every_hea
             "kind must be one of 'sgd', 'adamw', got 'lars'.",
         ),
         (
-            lambda: cosine_schedule(grid_optimizer(LinearHeadGrid(4, 2, 1), [0.1], [0.0]), 5, 5),
+            lambda: cosine_lr_scheduler(grid_optimizer(LinearHeadGrid(4, 2, 1), [0.1], [0.0]), 5, 5),
             "warmup_steps must be in [0, 5), got 5.",
         ),
         (

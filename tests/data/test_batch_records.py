@@ -18,9 +18,10 @@ from ijepa.data.collate import MaskCollator
 from ijepa.data.datamodule import labeled_collate
 from ijepa.data.native import NativeSizeCrop, PackedMaskCollator
 from ijepa.masks import MultiBlockMaskSampler, SpatioTemporalMaskSampler
-from ijepa.module import IJEPA, StepOutput
+from ijepa.module import IJEPA
 from ijepa.nn.packing import Packed
 from ijepa.nn.patch import gather_patches
+from ijepa.step import StepOutput
 
 
 def images(count: int, size: int = 32) -> list:
@@ -175,7 +176,7 @@ def test_the_grid_step_reads_the_record_and_gives_the_independent_loss():
     model = IJEPA(**TINY_MODEL).eval()
     batch = MaskCollator(MultiBlockMaskSampler(4, min_keep=2), masks_per_image=2)(images(4))
     with torch.no_grad():
-        out = model.predict_targets(batch)
+        out = model.predict(batch)
         loss, features = model.jepa_step(batch)
         # the same math, written out from the record's fields: R = 2 mask sets on one target pass
         full = model.target_encoder(batch.images)
@@ -195,7 +196,7 @@ def test_the_packed_step_returns_a_step_output_with_pooled_context():
     torch.manual_seed(0)
     model = IJEPA(**{**TINY_MODEL, "image_size": 48, "predictor_mode": "one_pass"}).eval()
     with torch.no_grad():
-        out = model.predict_packed(batch)
+        out = model.predict(batch)
         pooled = model.pooled_target_features(batch)
     targets = int((batch.pred_target_slot >= 0).sum())
     assert isinstance(out, StepOutput) and out.target_mask is None

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_MODEL
 from helpers import (
     STL_CLASSES,
     STL_GRID,
@@ -35,6 +36,7 @@ from ijepa.data.sources import (
     source_from_config,
 )
 from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from ijepa.masks import MultiBlockMasks
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -178,16 +180,7 @@ def test_stl10_jepa_loss_finite(stl_root):
     dm = stl_module(stl_root)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
-    model = IJEPA(
-        image_size=STL_SIZE,
-        patch_size=8,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        predictor_embed_dim=16,
-        predictor_depth=1,
-        predictor_num_heads=2,
-    )
+    model = IJEPA(**{**TINY_MODEL, "image_size": STL_SIZE, "depth": 1})
     loss = model.jepa_loss(batch)
     assert loss.dim() == 0 and torch.isfinite(loss) and loss > 0
     loss.backward()
@@ -446,7 +439,6 @@ def test_image_size_not_divisible_by_patch_size():
         (dict(batch_size=0), "batch_size"),
         (dict(probe_batch_size=0), "probe_batch_size"),
         (dict(num_workers=-1), "num_workers"),
-        (dict(masks_per_image=0), "masks_per_image"),
         (dict(crop_scale=(0.5, 0.2)), "crop_scale"),
         (dict(crop_scale=(0.0, 1.0)), "crop_scale"),
         (dict(crop_scale=(0.5, 1.5)), "crop_scale"),
@@ -476,7 +468,7 @@ def test_bad_source_options_name_the_option(make, name):
 
 def test_impossible_masks_fail_at_setup():
     # 4 target blocks of 100% of a 2x2 grid leave no context: fail fast, before any loader runs
-    dm = shapes_module(image_size=16, patch_size=8, target_scale=(1.0, 1.0), min_keep=1)
+    dm = shapes_module(image_size=16, patch_size=8, masks=MultiBlockMasks(target_scale=(1.0, 1.0), min_keep=1))
     with pytest.raises(ValueError, match="min_keep"):
         dm.setup("fit")
     assert math.isfinite(dm.grid_size) and dm.grid_size == 2

@@ -29,6 +29,7 @@ from ijepa.data.datamodule import IJEPADataModule
 from ijepa.data.imagefolder import RobustImageFolder, load_rgb, to_rgb
 from ijepa.data.sources import ImageFolderSource, VideoFolderSource
 from ijepa.data.video_folder import find_videos
+from ijepa.masks import SpatioTemporalMasks
 
 TINY = TINY_CONFIG
 PROBES = [
@@ -133,7 +134,7 @@ def test_video_val_folder_uses_train_class_index(tmp_path):
         patch_size=4,
         batch_size=1,
         num_workers=0,
-        target_scale=(0.1, 0.15),
+        masks=SpatioTemporalMasks(target_scale=(0.1, 0.15)),
     )
     data.setup("fit")
     assert data.num_classes == 2 and data.split("probe_test").targets == [1]
@@ -334,7 +335,7 @@ def test_loose_videos_are_unlabelled(tmp_path):
         patch_size=4,
         batch_size=1,
         num_workers=0,
-        target_scale=(0.1, 0.15),
+        masks=SpatioTemporalMasks(target_scale=(0.1, 0.15)),
     )
     data.setup("fit")
     assert data.num_classes == 0 and len(data.split("pretrain")) == 3 and data.split("pretrain").targets == [-1] * 3

@@ -9,6 +9,7 @@ pytest.importorskip("av", reason="the videofolder dataset needs the 'video' extr
 
 from ijepa.data.sources import MovingShapesSource, VideoFolderSource  # noqa: E402
 from ijepa.data.video_folder import VideoFolderClips, decode_clip  # noqa: E402
+from ijepa.masks import SpatioTemporalMasks  # noqa: E402
 
 
 def frame_indices(clip: torch.Tensor) -> list[int]:
@@ -97,7 +98,7 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
         patch_size=4,
         batch_size=4,
         num_workers=0,
-        target_scale=(0.1, 0.15),
+        masks=SpatioTemporalMasks(target_scale=(0.1, 0.15)),
     )
     data.setup("fit")
     assert data.num_classes == 2
@@ -130,7 +131,9 @@ def test_datamodule_videofolder_batches_carry_frame_times(tmp_path):
 
 
 def test_moving_shapes_with_a_frame_rate_carry_frame_times():
-    clips = dict(num_frames=4, image_size=16, patch_size=4, batch_size=4, min_keep=4)
+    clips = dict(
+        num_frames=4, image_size=16, patch_size=4, batch_size=4, masks=SpatioTemporalMasks(target_scale=(0.1, 0.15))
+    )
     data = tiny_datamodule(source=MovingShapesSource(train_size=8, val_size=8, fps=12.5), **clips)
     data.setup("fit")
     for batch in (next(iter(data.train_dataloader())), next(iter(data.probe_train_dataloader()))):

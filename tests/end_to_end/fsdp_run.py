@@ -32,8 +32,7 @@ from ijepa.strategy import FSDP2Strategy
 GLOBAL_BATCH, BATCHES, EPOCHS = 32, 2, 3
 MODEL = dict(
     TINY_MODEL,
-    warmup_steps=2,
-    lr=2e-3,
+    optim={"warmup_steps": 2, "lr": 2e-3},
     # every real token: the statistic does not depend on which rank drew which
     regularizers=[{"class_path": "ijepa.regularizers.SIGReg", "init_args": {"weight": 0.05, "tokens": 1_000_000}}],
 )

@@ -96,8 +96,8 @@ def test_fit_and_validate_on_stl10_binary_layout(tmp_path):
         "--data.source.download=false",
         "--data.image_size=96",
         "--data.batch_size=10",
-        "--data.min_keep=4",
-        "--data.target_scale=[0.15, 0.2]",
+        "--data.masks.init_args.min_keep=4",
+        "--data.masks.init_args.target_scale=[0.15, 0.2]",
         "--trainer.max_steps=4",
     ]
     output = run_cli("fit", "--config", str(CONFIG), *stl_args, cwd=tmp_path)

@@ -13,6 +13,7 @@ from ijepa.cli import main
 from ijepa.distill import DistillIJEPA
 from ijepa.interop import load_encoder, load_hf
 from ijepa.module import IJEPA
+from ijepa.optim import OptimConfig
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ STOP_AT, MAX_STEPS = 3, 6
 
 def distil(tmp_path, teacher_path, recorder):
     L.seed_everything(0)
-    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT, warmup_steps=2, drop_path_rate=0.1)
+    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT, optim=OptimConfig(warmup_steps=2), drop_path_rate=0.1)
     trainer = tiny_trainer(
         tmp_path,
         max_steps=MAX_STEPS,
@@ -112,8 +113,8 @@ def half_args(root, teacher) -> list[str]:
         "--trainer.accelerator=cpu", "--trainer.max_steps=2", "--trainer.enable_progress_bar=false",
         "--data.image_size=32", "--data.batch_size=8", "--data.num_workers=0",
         "--data.source.train_size=16", "--data.source.val_size=8",
-        "--model.embed_dim=16", "--model.depth=1", "--model.num_heads=2",
-        "--model.predictor_embed_dim=16", "--model.predictor_depth=1", "--model.predictor_num_heads=2",
+        *(f"--model.{key}={STUDENT[key]}" for key in ("embed_dim", "depth", "num_heads")),
+        *(f"--model.{key}={value}" for key, value in STUDENT.items() if key.startswith("predictor_")),
     ]  # fmt: skip
 
 

@@ -15,6 +15,7 @@ from ijepa.callbacks import EMATargetUpdate
 from ijepa.cli import build_cli
 from ijepa.data import ShardsSource
 from ijepa.module import IJEPA
+from ijepa.optim import OptimConfig
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
 
@@ -51,7 +52,7 @@ def fit(root: Path, source: dict) -> tuple[list[float], dict]:
 
 def make(root: Path, shards: Path, recorder: Recorder):
     L.seed_everything(0)
-    model = IJEPA(**TINY_MODEL, warmup_steps=2, drop_path_rate=0.1)
+    model = IJEPA(**TINY_MODEL, optim=OptimConfig(warmup_steps=2), drop_path_rate=0.1)
     data = tiny_datamodule(source=ShardsSource(str(shards)), batch_size=4, crop_scale=(0.5, 1.0), horizontal_flip=True)
     trainer = tiny_trainer(
         root,

@@ -71,14 +71,14 @@ def test_a_local_two_point_sweep_runs_each_point_in_its_own_folder_and_its_table
         ("model.lr=0.002", "completed"),
         ("model.start_lr=1.0", "failed"),
     ], printed
-    assert table[2]["error"].startswith("model: start_lr must be <= lr"), printed
+    assert table[2]["error"].startswith("model.optim.start_lr must be <= model.optim.lr"), printed
     table = table[:2]
     assert all(0 <= float(row["val/knn_top1"]) <= 1 for row in table), printed
     assert printed.splitlines()[0].startswith("| run | job | overrides | state |") and "val/knn_top1" in printed
     assert (folder / "sweep_table.md").read_text().strip() == printed.strip()
     # each point trained in its own folder, with its own learning rate
     ends = [torch.load(next((folder / "runs" / run).rglob("last.ckpt")), weights_only=True) for run in ("000", "001")]
-    assert [end["hyper_parameters"]["lr"] for end in ends] == [1e-3, 2e-3]
+    assert [end["hyper_parameters"]["optim"]["lr"] for end in ends] == [1e-3, 2e-3]
     assert [end["global_step"] for end in ends] == [4, 4]
 
 

@@ -5,7 +5,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ijepa.module import normalize_targets
 from ijepa.nn.packing import (
     PACKABLE_POSITIONS,
     Packed,
@@ -20,6 +19,7 @@ from ijepa.nn.packing import (
 from ijepa.nn.position import position_names
 from ijepa.nn.predictor import Predictor
 from ijepa.nn.vit import VisionTransformer
+from ijepa.step import normalize_targets
 
 
 def unpack(values: torch.Tensor, image_ids: torch.Tensor, num_images: int) -> list[torch.Tensor]:

@@ -7,7 +7,6 @@ from ijepa.nn.position import (
     LearnedPosition,
     SincosPosition,
     build_position_encoding,
-    gather_tokens_with_positions,
     sinusoidal_1d_positions,
     sinusoidal_2d_grid,
 )
@@ -103,14 +102,6 @@ def test_sincos_module_is_float32_buffer_not_in_state_dict():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert pos(torch.tensor([[1, 2]])).dtype == torch.float32
     assert torch.equal(pos.full_grid(2)[1], sinusoidal_2d_grid(4, 4, 16))
-
-
-def test_gather_tokens_with_positions():
-    pos = LearnedPosition((4, 4), 8)
-    tokens = torch.randn(2, 16, 8)
-    indices = torch.tensor([[0, 5], [15, 2]])
-    out = gather_tokens_with_positions(tokens, indices, pos)
-    assert torch.allclose(out[1, 0], tokens[1, 15] + pos.embedding.weight[15])
 
 
 def test_registry_and_unknown_name():

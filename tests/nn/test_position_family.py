@@ -195,22 +195,6 @@ def test_every_type_in_predictor_runs_and_learns(name):
     assert all(p.grad is not None for p in learnable)
 
 
-def test_vit_style_broadcast_add_with_prefix_tokens():
-    from ijepa.nn import add_position_embedding
-
-    tokens = torch.randn(3, 5, 4)  # 1 class token + 4 patches
-    table = torch.randn(1, 5, 4)
-    assert torch.allclose(add_position_embedding(tokens, table), tokens + table)
-    patches_only = torch.randn(1, 4, 4)
-    out = add_position_embedding(tokens, patches_only, num_prefix_tokens=1)
-    assert torch.equal(out[:, 0], tokens[:, 0])  # the class token is untouched
-    assert torch.allclose(out[:, 1:], tokens[:, 1:] + patches_only)
-    with pytest.raises(ValueError, match="expected 5 .* or 4"):
-        add_position_embedding(tokens, torch.randn(1, 3, 4), num_prefix_tokens=1)
-    with pytest.raises(ValueError, match=r"\[1, N, D\]"):
-        add_position_embedding(tokens, torch.randn(2, 5, 4))
-
-
 def test_cosine_similarity_grid_is_vit_figure_7():
     from ijepa.nn import sinusoidal_2d_grid
     from ijepa.pictures import cosine_similarity_grid

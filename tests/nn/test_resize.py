@@ -20,6 +20,7 @@ from ijepa.nn.resize import (
     resize_patch,
     resize_patch_embed_kernel,
 )
+from ijepa.optim import parameter_order
 
 
 def smooth_table(height, width, dim=8):
@@ -202,8 +203,7 @@ def test_loading_into_another_architecture_lists_the_mismatched_parameters():
 
 def test_optimizer_moments_follow_the_resized_parameters():
     old = IJEPA(**{**TINY_MODEL, "pos_embed": "learned"})
-    decay, no_decay = old.parameter_groups()
-    order = decay + no_decay
+    order = parameter_order(old)
     params = dict(old.named_parameters())
     state = {
         i: {"step": torch.tensor(5.0), "exp_avg": torch.randn_like(params[n]), "exp_avg_sq": torch.rand_like(params[n])}
@@ -217,6 +217,6 @@ def test_optimizer_moments_follow_the_resized_parameters():
     new = IJEPA(**{**TINY_MODEL, "image_size": 48, "pos_embed": "learned"})
     new.on_load_checkpoint(checkpoint)
     new_params = dict(new.named_parameters())
-    for i, name in enumerate(new.parameter_groups()[0] + new.parameter_groups()[1]):
+    for i, name in enumerate(parameter_order(new)):
         assert state[i]["exp_avg"].shape == new_params[name].shape, name
         assert (state[i]["exp_avg_sq"] >= 0).all()

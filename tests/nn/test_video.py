@@ -4,11 +4,12 @@ import copy
 
 import pytest
 import torch
-from conftest import save_tiny_checkpoint, tiny_datamodule
+from conftest import TINY_CLIP_MODEL, save_tiny_checkpoint, tiny_datamodule
 
 from ijepa.data import IJEPADataModule
 from ijepa.data.batch import ClipBatch
 from ijepa.data.sources import MovingShapesSource
+from ijepa.masks import SpatioTemporalMasks
 from ijepa.nn.attention import apply_rotary
 from ijepa.nn.position import LearnedFlat3DPosition, MropePosition, Sincos3DPosition, mrope_sections
 from ijepa.nn.video import TubeletEmbed
@@ -384,21 +385,7 @@ def test_ijepa_in_clip_mode_trains_pools_and_reloads(tmp_path):
     from ijepa.module import IJEPA
 
     torch.manual_seed(0)
-    model = IJEPA(
-        image_size=16,
-        patch_size=4,
-        embed_dim=32,
-        depth=2,
-        num_heads=2,
-        predictor_embed_dim=16,
-        predictor_depth=1,
-        predictor_num_heads=2,
-        pos_embed="mrope",
-        predictor_pos_embed="mrope",
-        num_frames=4,
-        tubelet_size=2,
-        time_unit=0.2,
-    )
+    model = IJEPA(**{**TINY_CLIP_MODEL, "depth": 2}, pos_embed="mrope", predictor_pos_embed="mrope", time_unit=0.2)
     assert model.encoder.is_clip_encoder and model.predictor.num_patches == 2 * 4 * 4
     data = MovingShapesClips(8, num_frames=4, image_size=16)
     clips = torch.stack([data[i][0] for i in range(8)]).float().div(255).permute(0, 2, 1, 3, 4)
@@ -453,7 +440,7 @@ def test_datamodule_clip_mode_batches():
         image_size=16,
         patch_size=4,
         batch_size=8,
-        min_keep=4,
+        masks=SpatioTemporalMasks(target_scale=(0.1, 0.15), min_keep=4),
     )
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
@@ -476,20 +463,8 @@ def test_clip_checkpoints_load_at_another_size_and_frame_count(tmp_path, pos_emb
     from ijepa.module import IJEPA
     from ijepa.nn.resize import interpolate_3d_table
 
-    common = dict(
-        patch_size=4,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        predictor_embed_dim=16,
-        predictor_depth=1,
-        predictor_num_heads=2,
-        pos_embed=pos_embed,
-        predictor_pos_embed=pos_embed,
-        tubelet_size=2,
-    )
     torch.manual_seed(0)
-    small = IJEPA(image_size=16, num_frames=4, **common)
+    small = IJEPA(**TINY_CLIP_MODEL, pos_embed=pos_embed, predictor_pos_embed=pos_embed)  # 16 px x 4 frames
     save_tiny_checkpoint(small, tmp_path / "small.ckpt")
     large = IJEPA.load_from_checkpoint(tmp_path / "small.ckpt", map_location="cpu", image_size=24, num_frames=8)
     assert large.encoder.grid == (4, 6, 6)

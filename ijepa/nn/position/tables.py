@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ijepa.nn.patch import gather_patches
 from ijepa.nn.position.base import AdditivePosition
 from ijepa.nn.resize import Grid, interpolate_3d_table, interpolate_axis_table, interpolate_position_embedding
 
@@ -71,37 +70,6 @@ def sincos_3d_table(
         ],
         dim=1,
     )
-
-
-def add_position_embedding(tokens: torch.Tensor, pos_embed: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
-    """ViT-style broadcast add of a ``[1, N, D]`` table to ``[B, N, D]`` tokens.
-
-    With ``num_prefix_tokens > 0`` (class or register tokens first in the sequence), the table
-    may either cover the whole sequence (``N`` rows, prefix rows included, as in ViT) or only the
-    patches (``N - num_prefix_tokens`` rows, prefix tokens left unchanged).
-    """
-    if tokens.dim() != 3 or pos_embed.dim() != 3 or pos_embed.size(0) != 1:
-        raise ValueError(
-            f"expected tokens [B, N, D] and pos_embed [1, N, D], got {tuple(tokens.shape)} and {tuple(pos_embed.shape)}."
-        )
-    if pos_embed.size(-1) != tokens.size(-1):
-        raise ValueError(f"pos_embed width {pos_embed.size(-1)} != token width {tokens.size(-1)}.")
-    if pos_embed.size(1) == tokens.size(1):
-        return tokens + pos_embed
-    if num_prefix_tokens > 0 and pos_embed.size(1) == tokens.size(1) - num_prefix_tokens:
-        prefix, patches = tokens[:, :num_prefix_tokens], tokens[:, num_prefix_tokens:]
-        return torch.cat([prefix, patches + pos_embed], dim=1)
-    raise ValueError(
-        f"pos_embed has {pos_embed.size(1)} rows for {tokens.size(1)} tokens with num_prefix_tokens={num_prefix_tokens}: "
-        f"expected {tokens.size(1)} (prefix rows included) or {tokens.size(1) - num_prefix_tokens} (patches only)."
-    )
-
-
-def gather_tokens_with_positions(
-    patch_tokens: torch.Tensor, indices: torch.Tensor, position: AdditivePosition
-) -> torch.Tensor:
-    """Gather ``[B, N, D]`` patch tokens at ``indices [B, K]`` and add their positions: ``[B, K, D]``."""
-    return gather_patches(patch_tokens, indices) + position(indices)
 
 
 class LearnedPosition(AdditivePosition):
