@@ -37,6 +37,7 @@ from ijepa.legacy import upgrade_state_dict
 from ijepa.nn.patch import PatchEmbed
 from ijepa.nn.position import PositionEncoding
 from ijepa.nn.resize import INTERPOLATION_MODES, Grid, Resizer, check_grid, resize_patch_embed_kernel
+from ijepa.nn.stem import ConvStem
 from ijepa.optim import parameter_order
 
 _TEMPORARY = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
@@ -272,7 +273,8 @@ def resize_state_dict(
     Every :class:`~ijepa.nn.PositionEncoding` in ``model`` resizes its own grid-dependent
     tensors (``learned`` as a 2D grid, ``learned_2d`` per axis, ``relative_bias`` over the new
     offsets; sin-cos and RoPE need nothing: they are rebuilt for the model's grid), and every
-    :class:`~ijepa.nn.PatchEmbed` kernel is resized when the patch size differs. For clip models
+    :class:`~ijepa.nn.PatchEmbed` kernel is resized when the patch size differs (a
+    :class:`~ijepa.nn.stem.ConvStem` has no kernel to resize: refused). For clip models
     ``old_grid_size`` is ``(T', H', W')``: ``learned_flat_3d`` tables are resampled trilinearly (over
     time and space), ``sincos_3d`` and ``mrope`` are rebuilt.
 
@@ -299,6 +301,12 @@ def resize_state_dict(
             key = prefix + "proj.weight"
             if key in state_dict:
                 apply(key, lambda w, p=module.patch_size: resize_patch_embed_kernel(w, p))
+        elif isinstance(module, ConvStem) and old_patch_size != module.patch_size:
+            raise ValueError(
+                f"patch_size={module.patch_size}: the checkpoint was trained at patch_size={old_patch_size}, and a conv "
+                "stem (stem='conv') has one stride-2 convolution per factor of 2 and no kernel to resize: only "
+                "image_size can change on load."
+            )
 
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state_dict))

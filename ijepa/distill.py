@@ -191,7 +191,7 @@ class DistillIJEPA(IJEPA):
         if hp.num_frames or network.is_clip_encoder:
             raise ValueError("ijepa distill takes image encoders: the student (num_frames) and the teacher.")
         if tuple(network.grid) != tuple(self.encoder.grid):
-            teacher_patch = network.patch_embed.proj.kernel_size[-1]
+            teacher_patch = network.patch_embed.patch_size
             raise ValueError(
                 f"teacher: its patch grid {'x'.join(map(str, network.grid))} (image_size "
                 f"{network.patch_embed.image_size} / patch {teacher_patch}) does not align with the student's "

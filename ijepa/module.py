@@ -32,7 +32,14 @@ from ijepa.nn.predictor import Predictor
 from ijepa.nn.sharding import data_parallel_mesh, is_sharded, shard_network
 from ijepa.nn.video import temporal_positions
 from ijepa.nn.vit import VisionTransformer
-from ijepa.objectives import Objective, check_resumed_levels, objective_from_config, refuse_packed
+from ijepa.objectives import (
+    Objective,
+    check_resumed_levels,
+    context_views,
+    latent_weight,
+    objective_from_config,
+    refuse_packed,
+)
 from ijepa.optim import OptimConfig, build_adamw, lr_scheduler, rebase_schedulers, set_weight_decay
 from ijepa.regularizers import ContextTokens, Regularizer, log_names, regularizer_from_config
 from ijepa.step import (
@@ -49,6 +56,7 @@ from ijepa.step import (
     target_blocks,
 )
 from ijepa.strategy import refuse_fsdp1
+from ijepa.teachers import TeacherPolicy, teacher_from_config
 
 
 class IJEPA(L.LightningModule):
@@ -76,6 +84,9 @@ class IJEPA(L.LightningModule):
         pos_options: the encoder position encoding's own options, e.g. ``{axis_order: row_col}``
             for sincos or ``{base: 10000}`` for rope_axial (the table in
             ``docs/position_embeddings.md`` lists each member's).
+        stem: how images become tokens: ``patch`` (one linear projection per patch) or ``conv``
+            (Xiao et al.'s stride-2 3x3 convolutions, :class:`ijepa.nn.stem.ConvStem`; ``patch_size``
+            a power of two >= 4; images only; no FlexiViT, packing or export: ``docs/training.md``).
         predictor_embed_dim: predictor width.
         predictor_depth: predictor blocks.
         predictor_num_heads: predictor attention heads.
@@ -104,7 +115,12 @@ class IJEPA(L.LightningModule):
         objectives: changes to the JEPA objective, each an object chosen by ``class_path``
             (:mod:`ijepa.objectives`: ``ContextLoss``, V-JEPA 2.1's distance-weighted loss on the
             predicted context tokens; ``MultiLevelTargets``, several target-encoder blocks as
-            separate targets, which widens the predictor's output). Empty (default): I-JEPA's.
+            separate targets, which widens the predictor's output; ``Recolour`` and ``ViewInvariance``,
+            the context's views; ``PixelTarget``, MAE's norm-pix target). Empty (default): I-JEPA's.
+        teacher_policy: how the target encoder moves, an object chosen by ``class_path``
+            (:mod:`ijepa.teachers`): ``EMATeacher`` (default; the ``EMATargetUpdate`` callback),
+            ``FrozenTeacher`` (its initial weights), ``StepwiseTeacher`` (the online weights copied
+            every N steps).
         rescale_residuals: divide each block's residual output projections by ``sqrt(2 * layer)``
             at init (the I-JEPA ViT's constructor); false starts as official I-JEPA training does,
             whose ``init_model`` redraws every Linear after that rescale.
@@ -134,15 +150,12 @@ class IJEPA(L.LightningModule):
         max_tokens: refuse a grid of more tokens per image or clip (null: no bound), with its cost.
     """
 
-    # The target encoder follows the online one by EMA (a callback's work); a distilled student's does not.
-    target_by_ema = True
-
     # Arguments that fix the parameters' shapes or meaning: a resumed run cannot change them
     # (the CLI reports a conflict); every other argument may differ from the checkpoint's.
     ARCHITECTURE = tuple(
         "in_channels embed_dim depth num_heads mlp_ratio pos_embed pos_options predictor_embed_dim predictor_depth "
         "predictor_num_heads predictor_pos_embed predictor_pos_options predictor_mode predictor_mlp_ratio target_dim "
-        "tubelet_size".split()
+        "tubelet_size stem".split()
     )
 
     def __init__(
@@ -157,6 +170,7 @@ class IJEPA(L.LightningModule):
         drop_path_rate: float = 0.0,
         pos_embed: str = "sincos",
         pos_options: dict | None = None,
+        stem: str = "patch",
         predictor_embed_dim: int = 96,
         predictor_depth: int = 6,
         predictor_num_heads: int = 3,
@@ -170,6 +184,7 @@ class IJEPA(L.LightningModule):
         target_norm: str = "layer",
         regularizers: list[Regularizer] | None = None,
         objectives: list[Objective] | None = None,
+        teacher_policy: TeacherPolicy | None = None,
         rescale_residuals: bool = True,
         optim: OptimConfig = OptimConfig(),  # noqa: B008 (frozen: one shared default is safe)
         num_frames: int = 0,
@@ -206,9 +221,11 @@ class IJEPA(L.LightningModule):
         regularizers = [regularizer_from_config(copy.deepcopy(member)) for member in regularizers or ()]
         objectives = [objective_from_config(copy.deepcopy(member)) for member in objectives or ()]
         self.optim = OptimConfig.of(optim)  # range-checked in its __post_init__
-        self.save_hyperparameters(ignore=["regularizers", "objectives", "optim"])
+        self.teacher_policy = teacher_from_config(copy.deepcopy(teacher_policy))
+        self.save_hyperparameters(ignore=["regularizers", "objectives", "optim", "teacher_policy"])
         self.hparams.update(
             optim=self.optim.record(),
+            teacher_policy=self.teacher_policy.config(),
             regularizers=[m.config() for m in regularizers],
             objectives=[m.config() for m in objectives],
         )
@@ -226,7 +243,7 @@ class IJEPA(L.LightningModule):
         build = VisionTransformer.for_clips if num_frames else VisionTransformer.for_images
         self.encoder = build(
             *embedding, patch_size, in_channels, embed_dim, depth, num_heads, mlp_ratio, drop_path_rate=drop_path_rate,
-            pos_embed=pos_embed, rescale_residuals=rescale_residuals, pos_options=pos_options,
+            pos_embed=pos_embed, rescale_residuals=rescale_residuals, pos_options=pos_options, stem=stem,
         )  # fmt: skip
         grid = self.encoder.grid
         self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
@@ -236,6 +253,8 @@ class IJEPA(L.LightningModule):
             rescale_residuals=rescale_residuals, pos_options=predictor_pos_options,
             out_levels=len(self.target_blocks), out_dim=target_dim,
         )  # fmt: skip
+        for member in self.objectives:  # e.g. a pixel head sized by the predictor
+            member.build(self)
         for network in (self.encoder, self.predictor):  # the networks that have a backward pass
             network.transformer.checkpoint_every = activation_checkpointing
         # weight 0 switches a member off: it builds no projector and costs nothing
@@ -359,18 +378,21 @@ class IJEPA(L.LightningModule):
         flexi = step_patch_size(batch.patch_size, hp.patch_size, hp.num_frames)  # a FlexiViT batch's own grid
         grid = (hp.image_size // flexi["patch_size"],) * 2 if flexi else tuple(self.encoder.grid)
         with_context = any(member.predicts_context(self.global_step) for member in self.objectives)
+        with_hidden = any(member.needs_hidden() for member in self.objectives)
+        view = context_views(self.objectives, self.global_step)  # e.g. each context recoloured
         with index_checks(hp.debug_checks):
             features, targets, context_targets = forward_target(
                 self.target_network, batch.images, *masks, self.target_blocks, hp.target_last_blocks,
                 hp.target_norm, with_context, **times, **flexi,
             )  # fmt: skip
-            context, predictions, context_predictions = forward_context(
+            context, predictions, context_predictions, hidden = forward_context(
                 self.encoder, self.predictor, batch.images, *masks, batch.context_mask, batch.target_mask,
-                with_context, **times, **flexi, **({"grid": grid} if flexi else {}),
+                with_context, **times, **flexi, **({"grid": grid} if flexi else {}), context_view=view,
+                with_hidden=with_hidden,
             )  # fmt: skip
         return StepOutput(
             predictions, targets, context, features, batch.context_mask, None, batch.target_mask,
-            context_predictions, context_targets, *masks, grid,
+            context_predictions, context_targets, *masks, grid, batch.images, hidden,
         )  # fmt: skip
 
     def pooled_target_features(self, batch: GridBatch | PackedBatch) -> torch.Tensor:
@@ -394,7 +416,9 @@ class IJEPA(L.LightningModule):
             )
         out = self.predict(batch)
         loss_fn = functools.partial(prediction_loss, loss=self.hparams.loss)
-        loss = loss_fn(out.predictions, out.targets, mask=out.target_mask)
+        jepa = loss_fn(out.predictions, out.targets, mask=out.target_mask)
+        scale = latent_weight(self.objectives)  # e.g. 0: a pixel-only model, the latent loss off the graph
+        loss = jepa if scale == 1 else jepa * scale if scale else torch.zeros((), device=jepa.device)
         stage = self._trainer and ("train" if self.training else "test" if self.trainer.testing else "val")
 
         def log(name: str, value: torch.Tensor | float) -> None:
@@ -403,8 +427,8 @@ class IJEPA(L.LightningModule):
                 self.log(f"{stage}/{name}", value, sync_dist=stage != "train", batch_size=len(batch))
 
         members = list(zip(self.regularizers, self.regularizer_log_names)) if self._regularizers_on else []
-        if members:
-            log("jepa_loss", loss)
+        if members or scale != 1:
+            log("jepa_loss", jepa)
         context_tokens = ContextTokens(out.context, out.context_mask, out.context_pooled)
         for member, name in members:
             term = member(context_tokens, self.global_step, self.global_rank)
@@ -484,6 +508,15 @@ class IJEPA(L.LightningModule):
         )
         if problem:
             raise self._diverged(problem)
+        # ijepa.teachers, e.g. a stepwise copy: here, before any callback (a checkpoint) sees the step;
+        # global_step counts this step only once the optimizer hook returns
+        self.teacher_policy.after_step(self, self.global_step + 1)
+
+    @property
+    def target_by_ema(self) -> bool:
+        """Whether the target encoder follows the online one by EMA (a callback's work,
+        ``model.teacher_policy: EMATeacher``); a frozen or stepwise teacher's, or a distilled student's, does not."""
+        return self.teacher_policy.by_ema
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         set_weight_decay(

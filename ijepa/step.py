@@ -57,6 +57,9 @@ class StepOutput:
         context_targets: ``[R * B, Kc, D']``, the normalised targets at the context positions, then.
         context_indices, target_indices: the batch's ``[R * B, Kc]`` and ``[R * B, M, Kt]``.
         grid: the token grid of the indices, ``(H', W')`` or ``(T', H', W')``.
+        images: the batch's images ``[B, C, H, W]`` (clips ``[B, C, T, H, W]``), as the target encoder saw them.
+        predictor_hidden: ``[R * B, M, Kt, Dp]``, the predictor's last hidden states at the target
+            positions (before its output projection), when an objective asked for them.
     """
 
     predictions: torch.Tensor
@@ -71,6 +74,8 @@ class StepOutput:
     context_indices: torch.Tensor | None = None
     target_indices: torch.Tensor | None = None
     grid: tuple[int, ...] | None = None
+    images: torch.Tensor | None = None
+    predictor_hidden: torch.Tensor | None = None
 
 
 def target_blocks(objectives, depth: int) -> list[int]:
@@ -155,18 +160,24 @@ def forward_context(
     frame_times: torch.Tensor | None = None,
     patch_size: int | None = None,
     grid: tuple[int, ...] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    context_view=None,
+    with_hidden: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The context branch, with gradient: ``encoder`` on each mask row's context patches
-    (``images`` ``[B, ...]`` repeated to the ``R * B`` rows), then ``predictor`` from that
-    context to the target positions. Returns ``context [R * B, Kc, D]``, ``predictions [R * B,
-    M, Kt, D']`` and, ``with_context``, the predictions at the context positions ``[R * B, Kc,
-    D']`` (else None). ``context_mask [R * B, Kc]`` / ``target_mask [R * B, M, Kt]`` mark real
-    tokens of padded masks; ``frame_times [B, T']`` are a clip's temporal positions; a FlexiViT
-    batch gives its ``patch_size`` and the predictor's token ``grid``."""
+    (``images`` ``[B, ...]`` repeated to the ``R * B`` rows, then through ``context_view``, e.g.
+    recoloured, when given), then ``predictor`` from that context to the target positions.
+    Returns ``context [R * B, Kc, D]``, ``predictions [R * B, M, Kt, D']``, with ``with_context``
+    the predictions at the context positions ``[R * B, Kc, D']`` and with ``with_hidden`` the
+    predictor's hidden states at the targets ``[R * B, M, Kt, Dp]`` (else None each).
+    ``context_mask [R * B, Kc]`` / ``target_mask [R * B, M, Kt]`` mark real tokens of padded
+    masks; ``frame_times [B, T']`` are a clip's temporal positions; a FlexiViT batch gives its
+    ``patch_size`` and the predictor's token ``grid``."""
     repeats = target_indices.size(0) // images.size(0)
     times = {} if frame_times is None else {"frame_times": repeat_rows(frame_times, repeats)}
     flexi = {} if patch_size is None else {"patch_size": patch_size}
-    context = encoder(repeat_rows(images, repeats), context_indices, token_mask=context_mask, **times, **flexi)
+    views = repeat_rows(images, repeats)
+    views = views if context_view is None else context_view(views)
+    context = encoder(views, context_indices, token_mask=context_mask, **times, **flexi)
     predictions = predictor(
         context,
         context_indices,
@@ -176,9 +187,13 @@ def forward_context(
         with_context=with_context,
         **times,
         **({} if grid is None else {"grid": grid}),
+        **({"with_hidden": True} if with_hidden else {}),
     )
-    predictions, context_predictions = predictions if with_context else (predictions, None)
-    return context, predictions, context_predictions
+    if not (with_context or with_hidden):
+        return context, predictions, None, None
+    predictions, *extra = predictions
+    context_predictions = extra.pop(0) if with_context else None
+    return context, predictions, context_predictions, extra[0] if with_hidden else None
 
 
 @torch.no_grad()

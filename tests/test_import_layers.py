@@ -29,7 +29,8 @@ LAYERS: list[tuple[str, ...]] = [
         "ijepa.masks",
         "ijepa.pictures",
         "ijepa.step",
-    ),  # plain functions and modules; one step's two branches
+        "ijepa.teachers",
+    ),  # plain functions and modules; one step's two branches; how the target encoder moves
     # checkpoint files (and their former import path); data; the fsdp2 strategy
     ("ijepa.checkpoint", "ijepa.checkpoint_io", "ijepa.data", "ijepa.strategy"),
     ("ijepa.classifiers",),  # classifiers on frozen features: the probes' and ijepa eval's

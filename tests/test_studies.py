@@ -267,7 +267,7 @@ def parsed_fit(parser, command):
 
 
 def test_every_dense_variant_parses_to_the_recipe_with_its_levers(fit_parser, monkeypatch, tmp_path):
-    from ijepa.studies.dense import VARIANTS, fit_command
+    from ijepa.studies.dense import SALT, VARIANTS, ablation_variants, fit_command
 
     monkeypatch.chdir(ROOT)  # the study's configs are paths from the repository root
     recipe, _, quickstart_callbacks = parsed_fit(fit_parser, ["ijepa", "fit", "--config=configs/quickstart.yaml"])
@@ -281,7 +281,12 @@ def test_every_dense_variant_parses_to_the_recipe_with_its_levers(fit_parser, mo
         "+spike_skip": ([], ["LossSpikeSkip"]),
         "+best": ([context, multilevel], ["LossSpikeSkip"]),
     }
-    assert set(VARIANTS) == set(expected)
+    levers = ablation_variants()  # one per configs/ablations/*.yaml but plain I-JEPA's (the plain row)
+    assert set(VARIANTS) == set(expected) | set(levers) | {SALT}
+    assert {"recolour", "view_invariance", "pixel_target", "pixel_only", "frozen_teacher", "stepwise_teacher"} <= set(levers)
+    for variant in levers:
+        config, _, callbacks = parsed_fit(fit_parser, fit_command(variant, 1, tmp_path))
+        assert callbacks == quickstart_callbacks and config.seed_everything == 1, variant
     for variant, (objectives, added) in expected.items():
         command = fit_command(variant, 2, tmp_path)
         config, found, callbacks = parsed_fit(fit_parser, command)
@@ -295,6 +300,23 @@ def test_every_dense_variant_parses_to_the_recipe_with_its_levers(fit_parser, mo
             assert regularizers == [r.class_path for r in recipe.model.regularizers] != []
             assert config.model.target_norm == recipe.model.target_norm == "instance"
     assert config.trainer.callbacks[:-1] == recipe.trainer.callbacks  # with their options
+
+
+def test_salt_is_a_pixel_only_teacher_then_a_distilled_student_in_the_quickstarts_steps(fit_parser, monkeypatch, tmp_path):
+    from ijepa.studies.dense import salt_command
+
+    monkeypatch.chdir(ROOT)
+    config, objectives, _ = parsed_fit(fit_parser, salt_command("teacher", 3, tmp_path))
+    assert [name for name, _ in objectives] == ["PixelTarget"] and objectives[0][1]["latent_weight"] == 0
+    assert config.trainer.max_steps == 300 and config.trainer.default_root_dir == str(tmp_path / "salt_s3" / "teacher")
+    with pytest.raises(SystemExit, match="no teacher checkpoint"):
+        salt_command("student", 3, tmp_path)
+    teacher = tmp_path / "salt_s3" / "teacher" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    teacher.parent.mkdir(parents=True)
+    teacher.touch()
+    student = salt_command("student", 3, tmp_path)
+    assert student[:3] == ["ijepa", "distill", "--config=configs/distill/salt.yaml"]
+    assert f"--model.teacher={teacher}" in student and "--trainer.max_steps=300" in student
 
 
 def test_dense_best_merges_the_objectives_of_its_levers_into_one_list(fit_parser, monkeypatch, tmp_path):
@@ -373,6 +395,8 @@ def test_dense_run_trains_each_variant_once_scores_it_and_the_chosen_baselines_a
     commands.clear()
     dense.main(args + ["--baselines", "random_init", "pixels"])
     assert [c[c.index("--checkpoint") + 1] for c in commands] == ["pixels", "pixels"]
+    sizes = {Path(c[c.index("--output_dir") + 1]).name: "--data.image_size" in c for c in commands}
+    assert sizes == {"linear": True, "dense": False}  # the dense config evaluates at its own 96 px
     commands.clear()
     dense.main(args + ["--baselines"])
     assert commands == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 
 from ijepa.nn.checks import check_range
 from ijepa.nn.sharding import check_sharded_alike, local_shards
@@ -28,7 +29,9 @@ class EMATargetUpdate(Callback):
     0.996 -> 1.0) and is computed from ``global_step``, so a resumed run continues the schedule
     exactly. It runs once per optimizer step, not per batch, so gradient accumulation is safe.
     Logs ``train/ema_momentum``. ``updates_target_encoder`` tells the module that the target
-    moves (without it the module warns at the start of ``fit``).
+    moves (without it the module warns at the start of ``fit``). With another
+    ``model.teacher_policy`` (:mod:`ijepa.teachers`: frozen, stepwise) it leaves the target alone
+    and says so once.
     """
 
     updates_target_encoder = True
@@ -60,11 +63,18 @@ class EMATargetUpdate(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_step = trainer.global_step
+        if not getattr(pl_module, "target_by_ema", True):
+            rank_zero_info(
+                f"EMATargetUpdate: model.teacher_policy is {pl_module.teacher_policy!r}, which moves the target encoder "
+                "itself; the EMA update is off for this run."
+            )
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         step = trainer.global_step
+        if not getattr(pl_module, "target_by_ema", True):  # a frozen or stepwise teacher (ijepa.teachers)
+            return
         if step == self._last_step:  # gradients are still accumulating: no optimizer step yet
             return
         self._last_step = step

@@ -35,6 +35,8 @@ from ijepa.classifiers.segmentation import (
     grid_confusions,
     segmentation_grid_loss,
     segmentation_scores,
+    token_grid_ceiling,
+    token_majority,
     upsample_logits,
 )
 
@@ -66,6 +68,8 @@ __all__ = [
     "segmentation_grid_loss",
     "segmentation_scores",
     "shard_indices",
+    "token_grid_ceiling",
+    "token_majority",
     "top1",
     "upsample_logits",
 ]

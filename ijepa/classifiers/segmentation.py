@@ -260,3 +260,60 @@ def grid_confusions(
         total = found if total is None else total + found
     grid.train(was_training)
     return total
+
+
+def token_majority(
+    masks: torch.Tensor, grid: tuple[int, int], num_classes: int, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
+    """``[B, h, w]``: each token's majority class of ``masks [B, H, W]`` on the ``grid = (h, w)``
+    token grid (pixel row ``i`` in token row ``i * h // H``, column ``j`` in ``j * w // W``: the
+    patches when ``h`` divides ``H``), ignored pixels left out, ties to the lowest class; ``-1``
+    for a token whose pixels are all ignored."""
+    check_range(num_classes, "num_classes", 1)
+    if masks.dim() != 3 or len(grid) != 2:
+        raise ValueError(f"masks must be [B, H, W] and grid (rows, columns), got {tuple(masks.shape)} and {grid}.")
+    (batch, height, width), (rows, columns) = masks.shape, (int(grid[0]), int(grid[1]))
+    if not (1 <= rows <= height and 1 <= columns <= width):
+        raise ValueError(f"grid must be in 1..{height} x 1..{width} (the masks' size), got {tuple(grid)}.")
+    masks = masks.long()
+    valid = masks != ignore_index
+    target = masks[valid]
+    if target.numel() and (target.min() < 0 or target.max() >= num_classes):
+        bad = target[(target < 0) | (target >= num_classes)][0]
+        raise ValueError(f"a mask holds class {int(bad)}, outside 0..{num_classes - 1} (and not {ignore_index}).")
+    device = masks.device
+    token_row = torch.arange(height, device=device) * rows // height  # [H]
+    token_column = torch.arange(width, device=device) * columns // width  # [W]
+    token = (token_row.view(-1, 1) * columns + token_column.view(1, -1)).expand(batch, -1, -1)  # [B, H, W]
+    image = torch.arange(batch, device=device).view(-1, 1, 1).expand_as(token)
+    index = ((image * rows * columns + token) * num_classes)[valid] + target
+    counts = torch.bincount(index, minlength=batch * rows * columns * num_classes)
+    counts = counts.view(batch, rows, columns, num_classes)
+    return torch.where(counts.sum(-1) > 0, counts.argmax(-1), -1)
+
+
+@torch.no_grad()
+def token_grid_ceiling(
+    masks: torch.Tensor,
+    grid: tuple[int, int],
+    num_classes: int,
+    ignore_index: int = IGNORE_INDEX,
+    batch_size: int = 256,
+) -> dict:
+    """The scores (:func:`segmentation_scores`) of the best a head on the ``grid = (h, w)`` token
+    grid can do when it knows each token's majority class (:func:`token_majority`) of ``masks
+    [B, H, W]``: one-hot logits ``[1, B, C, h, w]`` of those classes (zeros for a token with no
+    pixel to count), upsampled as the heads' logits are (:func:`upsample_logits`), each pixel's
+    highest class against the masks, confusion matrices summed over the split (the protocol's
+    mIoU), in batches of ``batch_size``. The ceiling of a per-token linear segmentation of the split,
+    of the one-hot kind: where three tokens of one class meet one of another, bilinear upsampling
+    rounds the corner off, which a head with per-token confidences could partly avoid."""
+    check_range(batch_size, "batch_size", 1)
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=masks.device)
+    for chunk in masks.split(batch_size):
+        majority = token_majority(chunk, grid, num_classes, ignore_index)  # [b, h, w]
+        logits = F.one_hot(majority.clamp_min(0), num_classes).permute(0, 3, 1, 2).float()
+        logits = logits * (majority >= 0).unsqueeze(1)  # [b, C, h, w]
+        up = upsample_logits(logits.unsqueeze(0), chunk.shape[-2:])  # [1, b, C, H, W]
+        confusion += confusion_matrices(up.argmax(2), chunk, num_classes, ignore_index)[0]
+    return segmentation_scores(confusion)

@@ -17,6 +17,7 @@ from ijepa.classifiers import (
     grid_confusions,
     segmentation_grid_loss,
     segmentation_scores,
+    token_grid_ceiling,
 )
 from ijepa.data.batch import IGNORE_INDEX
 from ijepa.evaluation.context import EvalContext
@@ -44,7 +45,10 @@ class SegmentationProtocol(HeadGridProtocol):
     (:func:`~ijepa.classifiers.segmentation_scores`); the background (class 0) is a class. A test
     mask's label outside the heads' classes (the training labels, or ``num_classes``) is ignored
     as mmsegmentation ignores it, with a warning naming the mask files and labels
-    (``ignored_test_labels``: ``{label: pixels}``).
+    (``ignored_test_labels``: ``{label: pixels}``). ``ceiling_miou`` is the test mIoU of each token's
+    majority class as one-hot logits on the encoder's token grid, upsampled as the heads' logits
+    (:func:`~ijepa.classifiers.token_grid_ceiling`): what a head that knew the answer per token
+    would score; read ``test_miou`` against it, not against 1.
 
     Args:
         lrs, weight_decays: the grid (one head per pair).
@@ -186,7 +190,14 @@ class SegmentationProtocol(HeadGridProtocol):
         x_test, m_test = view.features("test", kind, blocks)  # read once the head is chosen
         m_test, ignored = self.ignore_unknown_labels(view, m_test, kind, blocks)
         test = segmentation_scores(grid_confusions(grid, x_test, m_test, self._classes, batch_size, heads=[index])[0])
-        ctx.log({f"{self.name}/test_miou": test["miou"], f"{self.name}/test_pixel_accuracy": test["pixel_accuracy"]})
+        ceiling = token_grid_ceiling(m_test, view.encoder.token_grid, self._classes, batch_size=batch_size)["miou"]
+        ctx.log(
+            {
+                f"{self.name}/test_miou": test["miou"],
+                f"{self.name}/test_pixel_accuracy": test["pixel_accuracy"],
+                f"{self.name}/ceiling_miou": ceiling,
+            }
+        )
         return {
             "heads": heads,
             "selected": best["name"],
@@ -195,6 +206,7 @@ class SegmentationProtocol(HeadGridProtocol):
             "test_miou": test["miou"],
             "test_pixel_accuracy": test["pixel_accuracy"],
             "test_iou": test["iou"],
+            "ceiling_miou": ceiling,
             "num_classes": self._classes,
             "ignored_test_labels": ignored,
             "steps": total,

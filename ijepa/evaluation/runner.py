@@ -194,8 +194,9 @@ class Evaluation:
 def summary_line(result: dict, path: Path) -> str:
     """One line per protocol: what a user reads first."""
     if result.get("test_miou") is not None:
+        ceiling = f" (ceiling {100 * result['ceiling_miou']:.2f})" if result.get("ceiling_miou") is not None else ""
         return (
-            f"{result['name']}: test mIoU {100 * result['test_miou']:.2f}, pixel accuracy "
+            f"{result['name']}: test mIoU {100 * result['test_miou']:.2f}{ceiling}, pixel accuracy "
             f"{100 * result['test_pixel_accuracy']:.2f} with {result['selected']} (val mIoU "
             f"{100 * result['val_miou']:.2f}, {len(result['heads'])} heads, {result['seconds']:.0f} s) -> {path}"
         )

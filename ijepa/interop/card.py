@@ -72,8 +72,10 @@ def percent(value: float) -> str:
 def headline(result: dict) -> str:
     """A results file's headline metric(s), as ``ijepa eval`` prints them in its summary line."""
     if result.get("test_miou") is not None:
+        ceiling = f" (ceiling {percent(result['ceiling_miou'])})" if result.get("ceiling_miou") is not None else ""
         return (
-            f"test mIoU {percent(result['test_miou'])}, pixel accuracy {percent(result['test_pixel_accuracy'])} "
+            f"test mIoU {percent(result['test_miou'])}{ceiling}, "
+            f"pixel accuracy {percent(result['test_pixel_accuracy'])} "
             f"({result.get('selected')}; val mIoU {percent(result['val_miou'])})"
         )
     if result.get("test_top1") is None and result.get("settings_results"):

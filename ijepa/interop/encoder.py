@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from ijepa.legacy import upgrade_hparams
 from ijepa.nn.position import AdditivePosition, NonePosition
 from ijepa.nn.position.registry import additive_positions
+from ijepa.nn.stem import refuse_conv_stem
 from ijepa.nn.vit import VisionTransformer
 
 # The IJEPA hyperparameters its encoders are built from (ijepa.module.IJEPA.__init__), by name.
@@ -33,6 +34,7 @@ ENCODER_OPTIONS = (
     "pos_embed",
     "rescale_residuals",
     "pos_options",
+    "stem",
 )
 CLIP_OPTIONS = ("num_frames", "tubelet_size")
 # The dtypes the folder exports (hf, timm) write their weights in, by their ``--dtype`` name.
@@ -99,7 +101,7 @@ def load_exactly(module: torch.nn.Module, state: dict[str, torch.Tensor], source
 def image_encoder(encoder: torch.nn.Module, which: str = "target") -> VisionTransformer:
     """The image encoder to export: ``encoder`` itself, or one of an
     :class:`~ijepa.module.IJEPA`'s (``which``: ``target``, the EMA encoder, or ``online``).
-    Clip encoders are refused."""
+    Clip encoders and conv stems (the formats hold a patch projection only) are refused."""
     if hasattr(encoder, "target_encoder"):  # an IJEPA, told apart without importing Lightning
         if which not in ("target", "online"):
             raise ValueError(f"which must be 'target' or 'online', got {which!r}.")
@@ -110,6 +112,7 @@ def image_encoder(encoder: torch.nn.Module, which: str = "target") -> VisionTran
         )
     if encoder.is_clip_encoder:
         raise ValueError("only image encoders can be exported, got a clip encoder (model.num_frames > 0).")
+    refuse_conv_stem(encoder.patch_embed, "exporting to Hugging Face or timm (a ViT with a patch projection)")
     return encoder
 
 
@@ -133,6 +136,7 @@ def position_table(encoder: VisionTransformer, target: str) -> torch.Tensor:
 
 def encoder_options(encoder: VisionTransformer) -> dict:
     """What a plain ViT needs to rebuild ``encoder``: sizes, widths and the LayerNorm epsilon."""
+    refuse_conv_stem(encoder.patch_embed, "a plain ViT's config (patch size and channels, read from the kernel)")
     first = encoder.transformer.blocks[0]
     kernel = encoder.patch_embed.proj.weight
     return {

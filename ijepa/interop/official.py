@@ -160,7 +160,7 @@ def to_official(model: torch.nn.Module, module_prefix: bool = True) -> dict:
     ``module_prefix`` puts DDP's ``module.`` before every weight, as the published checkpoints
     and every multi-process official run have; an official run on one process (no DDP) needs
     ``module_prefix=False``. Only models the official code can express: image models,
-    ``sincos`` in both networks, the ``per_block`` predictor, no SIGReg projector."""
+    ``sincos`` in both networks, the ``per_block`` predictor, the patch stem, no SIGReg projector."""
     hp = model.hparams
     problems = []
     if hp.num_frames:
@@ -171,6 +171,8 @@ def to_official(model: torch.nn.Module, module_prefix: bool = True) -> dict:
         )
     if hp.predictor_mode != "per_block":
         problems.append(f"predictor_mode {hp.predictor_mode!r} (the official predictor is per_block)")
+    if hp.get("stem", "patch") != "patch":
+        problems.append(f"stem {hp.stem!r} (the official ViT has a patch projection)")
     if problems:
         raise ValueError("the official I-JEPA layout cannot express " + "; ".join(problems) + ".")
     state = {key: value.detach().clone() for key, value in model.state_dict().items()}

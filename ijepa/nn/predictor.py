@@ -111,7 +111,8 @@ class Predictor(nn.Module):
         grid: tuple[int, ...] | None = None,
         target_mask: torch.Tensor | None = None,
         with_context: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        with_hidden: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         position = self.position if grid is None else self.position.at_grid(grid)
         if context.dim() != 3 or context.size(-1) != self.embed_dim:
             raise ValueError(f"context must have shape [B, Kc, {self.embed_dim}], got {tuple(context.shape)}.")
@@ -139,9 +140,8 @@ class Predictor(nn.Module):
                 context, context_indices, flat_targets, num_blocks, frame_times, context_mask, position, flat_mask
             )
             num_context = context.size(1)
-            prediction = self.output_proj(tokens[:, num_context:]).view(batch, num_blocks, num_targets, -1)
-            prediction = prediction.squeeze(1) if single_block else prediction
-            return (prediction, self.output_proj(tokens[:, :num_context])) if with_context else prediction
+            hidden = tokens[:, num_context:].view(batch, num_blocks, num_targets, -1)
+            return self._outputs(hidden, tokens[:, :num_context], single_block, with_context, with_hidden)
 
         x = self.input_proj(context).repeat_interleave(num_blocks, dim=0)  # [B*M, Kc, Dp]
         context_indices = context_indices.repeat_interleave(num_blocks, dim=0)
@@ -162,13 +162,18 @@ class Predictor(nn.Module):
             target_part = ones.expand(-1, num_targets) if target_mask is None else target_mask.reshape(-1, num_targets)
             token_mask = torch.cat([context_part, target_part], dim=1)
         tokens = self.transformer(tokens, indices, frame_times=frame_times, token_mask=token_mask, position=position)
-        prediction = self.output_proj(tokens[:, -num_targets:])  # [B*M, Kt, D]
-        prediction = prediction.view(batch, num_blocks, num_targets, -1)
-        prediction = prediction.squeeze(1) if single_block else prediction
-        if not with_context:
-            return prediction
-        context_states = tokens[:, : context.size(1)].unflatten(0, (batch, num_blocks)).mean(1)  # [B, Kc, Dp]
-        return prediction, self.output_proj(context_states)
+        hidden = tokens[:, -num_targets:].view(batch, num_blocks, num_targets, -1)  # [B, M, Kt, Dp]
+        context_states = tokens[:, : context.size(1)].unflatten(0, (batch, num_blocks)).mean(1) if with_context else None
+        return self._outputs(hidden, context_states, single_block, with_context, with_hidden)
+
+    def _outputs(self, hidden, context_states, single_block: bool, with_context: bool, with_hidden: bool):
+        """``prediction = output_proj(hidden)`` (``[B, M, Kt, D']``, ``[B, Kt, D']`` for one block),
+        then, as asked, the context's predictions ``[B, Kc, D']`` and the hidden states themselves."""
+        prediction = self.output_proj(hidden)
+        if single_block:
+            prediction, hidden = prediction.squeeze(1), hidden.squeeze(1)
+        extra = ([self.output_proj(context_states)] if with_context else []) + ([hidden] if with_hidden else [])
+        return (prediction, *extra) if extra else prediction
 
     def forward_packed(
         self, context: torch.Tensor, layout: Packed, context_slot: torch.Tensor, target_slot: torch.Tensor

@@ -15,6 +15,7 @@ from ijepa.nn.checks import check_indices, check_positive
 from ijepa.nn.packing import Packed, check_packable
 from ijepa.nn.patch import PatchEmbed, gather_patches
 from ijepa.nn.position import AttentionPositions, PositionEncoding, build_position_encoding
+from ijepa.nn.stem import ConvStem, check_stem, refuse_conv_stem
 from ijepa.nn.video import TubeletEmbed
 
 # The position encoding of an encoder that names none, by grid axes (images, clips).
@@ -207,9 +208,10 @@ def init_network(network: nn.Module, rescale_residuals: bool, learned_inputs: tu
 class VisionTransformer(nn.Module):
     """ViT encoder of images or clips that runs only on the given tokens (no class token).
 
-    The token embedding is given: a :class:`~ijepa.nn.patch.PatchEmbed` (images ``[B, C, H, W]``,
-    grid ``(H', W')``) or a :class:`~ijepa.nn.video.TubeletEmbed` (clips ``[B, C, T, H, W]``, grid
-    ``(T', H', W')``); :meth:`for_images` and :meth:`for_clips` build it from sizes. Everything
+    The token embedding is given: a :class:`~ijepa.nn.patch.PatchEmbed` or a
+    :class:`~ijepa.nn.stem.ConvStem` (images ``[B, C, H, W]``, grid ``(H', W')``) or a
+    :class:`~ijepa.nn.video.TubeletEmbed` (clips ``[B, C, T, H, W]``, grid ``(T', H', W')``);
+    :meth:`for_images` and :meth:`for_clips` build it from sizes. Everything
     after the embedding is shared: ``forward(inputs, patch_indices [B, K] | None, token_mask
     [B, K] | None, patch_size, frame_times [B, T'] | None) -> [B, K, D]``; with no indices it
     encodes all ``N`` tokens in row-major order; ``token_mask`` (True for real tokens) marks
@@ -227,7 +229,7 @@ class VisionTransformer(nn.Module):
 
     def __init__(
         self,
-        patch_embed: PatchEmbed | TubeletEmbed,
+        patch_embed: PatchEmbed | ConvStem | TubeletEmbed,
         depth: int = 12,
         num_heads: int = 3,
         mlp_ratio: float = 4.0,
@@ -240,7 +242,8 @@ class VisionTransformer(nn.Module):
     ):
         super().__init__()
         self.patch_embed = patch_embed
-        self.embed_dim = patch_embed.proj.out_channels
+        # a conv stem names its width: it has no single projection to read it from
+        self.embed_dim = patch_embed.embed_dim if isinstance(patch_embed, ConvStem) else patch_embed.proj.out_channels
         if pos_embed is None:
             pos_embed = DEFAULT_POSITIONS[len(patch_embed.grid)]
         position = build_position_encoding(pos_embed, patch_embed.grid, self.embed_dim, num_heads, pos_options)
@@ -251,11 +254,22 @@ class VisionTransformer(nn.Module):
 
     @classmethod
     def for_images(
-        cls, image_size: int = 96, patch_size: int = 8, in_channels: int = 3, embed_dim: int = 192, *args, **options
+        cls,
+        image_size: int = 96,
+        patch_size: int = 8,
+        in_channels: int = 3,
+        embed_dim: int = 192,
+        *args,
+        stem: str = "patch",
+        **options,
     ) -> VisionTransformer:
-        """An image encoder: ``patch_size`` x ``patch_size`` patches of ``image_size`` squares;
+        """An image encoder: ``patch_size`` x ``patch_size`` patches of ``image_size`` squares,
+        embedded by ``stem``: ``patch`` (one linear projection per patch, :class:`PatchEmbed`) or
+        ``conv`` (Xiao et al.'s stride-2 convolutions, :class:`~ijepa.nn.stem.ConvStem`);
         ``args`` and ``options`` as the constructor's (``depth``, ``num_heads``, ...)."""
-        return cls(PatchEmbed(image_size, patch_size, in_channels, embed_dim), *args, **options)
+        check_stem(stem)
+        embed = ConvStem if stem == "conv" else PatchEmbed
+        return cls(embed(image_size, patch_size, in_channels, embed_dim), *args, **options)
 
     @classmethod
     def for_clips(
@@ -267,11 +281,19 @@ class VisionTransformer(nn.Module):
         in_channels: int = 3,
         embed_dim: int = 192,
         *args,
+        stem: str = "patch",
         **options,
     ) -> VisionTransformer:
         """A clip encoder: ``tubelet_size`` x ``patch_size`` x ``patch_size`` tubelets of
         ``num_frames`` frames of ``image_size`` squares; ``args`` and ``options`` as the
-        constructor's (``depth``, ``num_heads``, ...)."""
+        constructor's (``depth``, ``num_heads``, ...). ``stem`` is ``patch`` only (a tubelet
+        embedding); it is taken so that one call builds either kind."""
+        check_stem(stem)
+        if stem != "patch":
+            raise ValueError(
+                f"stem={stem!r} is for images; clips (num_frames={num_frames} > 0) are embedded by tubelets: "
+                "use stem='patch'."
+            )
         embed = TubeletEmbed(num_frames, image_size, tubelet_size, patch_size, in_channels, embed_dim)
         return cls(embed, *args, **options)
 
@@ -305,6 +327,7 @@ class VisionTransformer(nn.Module):
         tokens and the encoding's view on that grid (:meth:`PositionEncoding.at_grid`)."""
         if patch_size is None or patch_size == self.patch_embed.patch_size:
             return self.patch_embed(inputs), self.position
+        refuse_conv_stem(self.patch_embed, f"a per-call patch_size={patch_size} (FlexiViT, data.train_patch_sizes)")
         if self.is_clip_encoder:
             raise ValueError(
                 f"patch_size={patch_size}: per-call patch sizes (FlexiViT, data.train_patch_sizes) are for image "
@@ -345,6 +368,7 @@ class VisionTransformer(nn.Module):
         if self.is_clip_encoder:
             raise ValueError("packed batches (NaViT, data.native_resolution) are for image encoders, not clips.")
         check_packable(self.position.name)
+        refuse_conv_stem(self.patch_embed, "a packed batch (NaViT, data.native_sides)")
         if packed.values.size(-1) != self.patch_embed.proj.weight[0].numel():
             raise ValueError(
                 f"packed patches have {packed.values.size(-1)} values, this encoder's patches "

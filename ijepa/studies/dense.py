@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import shlex
@@ -90,11 +91,25 @@ def lever_overrides(*levers: str) -> list[str]:
     return args + [f"--trainer.callbacks+={path}" for lever in levers for path in LEVERS[lever].callbacks]
 
 
+ABLATIONS = Path("configs/ablations")
+SALT = "salt"  # two stages: pixel_only for half the steps, then ijepa distill against it for the other half
+SALT_STUDENT = "configs/distill/salt.yaml"
+
+
+def ablation_variants() -> dict[str, list[str]]:
+    """One variant per lever config of ``configs/ablations/`` (issue 57's), the quickstart with it
+    layered on; plain I-JEPA is the ``plain`` row already."""
+    found = sorted(p for p in ABLATIONS.glob("*.yaml") if p.resolve() != Path(PLAIN).resolve())
+    return {path.stem: [f"--config={path}"] for path in found}
+
+
 VARIANTS: dict[str, list[str]] = {
     "plain": [f"--config={PLAIN}"],
     "recipe": [],
     **{lever: lever_overrides(lever) for lever in LEVERS},
     "+best": lever_overrides(*BEST),
+    **ablation_variants(),
+    SALT: [],  # its own two commands: salt_commands
 }
 
 
@@ -126,6 +141,33 @@ def fit_command(
     ]
 
 
+def salt_command(
+    stage: str, seed: int, data_root: Path, data: str = "shapes", digits: Path | None = None, extra=()
+) -> list[str]:
+    """SALT's two stages (Li et al., "Rethinking JEPA: ... frozen teachers") inside the
+    quickstart's budget: ``pixel_only`` for half the steps (the teacher, ``<run>/teacher``), then
+    ``ijepa distill`` of a student of the quickstart's size against that frozen teacher (the
+    teacher run's last checkpoint) for the other half (``<run>``); its in-fit probes are the
+    student's. ``stage``: ``teacher`` or ``student``."""
+    run_dir = data_root / f"{SALT}_s{seed}"
+    teacher_dir = run_dir / "teacher"
+    total = yaml.safe_load(Path(FIT_CONFIG).read_text())["trainer"]["max_steps"]
+    half = f"--trainer.max_steps={total // 2}"
+    common = [*data_args(data, digits), f"--seed_everything={seed}", "--trainer.enable_progress_bar=false", half]
+    if stage == "teacher":
+        return [
+            "ijepa", "fit", f"--config={FIT_CONFIG}", f"--config={ABLATIONS / 'pixel_only.yaml'}", *common,
+            f"--trainer.default_root_dir={teacher_dir}", *extra,
+    ]  # fmt: skip
+    teacher = last_checkpoint(teacher_dir)
+    if teacher is None:
+        raise SystemExit(f"salt: no teacher checkpoint under {teacher_dir}: run its teacher stage first.")
+    return [
+        "ijepa", "distill", f"--config={SALT_STUDENT}", f"--model.teacher={teacher}", *common,
+        f"--trainer.default_root_dir={run_dir}", *extra,
+    ]  # fmt: skip
+
+
 def last_checkpoint(run_dir: Path) -> Path | None:
     # the version learning.run_summary reads the probes of
     found = sorted(run_dir.glob("lightning_logs/version_*/checkpoints/last.ckpt"))
@@ -145,8 +187,9 @@ def write_config(path: Path, source: str, kinds: tuple[str, ...], data_source: d
     """``source`` with only the protocols of ``kinds``, another data source, other epochs, as ``path``."""
     config = yaml.safe_load(Path(source).read_text())
     config["protocols"] = [p for p in config["protocols"] if p["class_path"].endswith(kinds)]
-    if data_source is not None:
+    if data_source is not None:  # at the encoder's own size (the shapes' data.image_size is theirs)
         config["data"]["source"] = data_source
+        config["data"].pop("image_size", None)
     if epochs is not None:
         config["protocols"] = set_epochs(config["protocols"], epochs)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -216,14 +259,26 @@ def logged(command: list[str], log_file: Path, log: Log) -> float:
     return time.perf_counter() - start
 
 
-def evaluate(folder: Path, checkpoint: str, configs: dict[str, Path], data: str, seed: int, extra: list[str], log: Log):
-    """Both evaluations of one encoder, each unless its results are there already."""
+def evaluate(
+    folder: Path,
+    checkpoint: str,
+    configs: dict[str, Path],
+    data: str,
+    seed: int,
+    extra: list[str],
+    log: Log,
+    image_size: int | None = None,
+):
+    """Both evaluations of one encoder, each unless its results are there already; ``image_size``
+    (the pixel baseline's) for a config without its own ``data.image_size``."""
     for name, files in expected_results(data).items():
         out = folder / "eval" / name
         if all((out / f).is_file() for f in files):
             continue
         config = configs["pixels"] if (checkpoint == "pixels" and name == "linear") else configs[name]
         command = ["ijepa", "eval", "--config", str(config), "--checkpoint", checkpoint, "--output_dir", str(out)]
+        if image_size is not None and (yaml.safe_load(config.read_text())["data"] or {}).get("image_size") is None:
+            command += ["--data.image_size", str(image_size)]
         # each seed a replicate of the whole pipeline: the heads' split and initialisation too
         command += [f"--data.seed={seed}", "--cache=false", *extra]
         logged(command, folder / f"eval_{name}.log", log)
@@ -245,8 +300,13 @@ def run(args: argparse.Namespace) -> None:
             run_dir = data_root / f"{variant}_s{seed}"
             timing = run_dir / "wall_time.json"
             if not (last_checkpoint(run_dir) and timing.exists()):  # else done already: a rerun resumes the study
-                command = fit_command(variant, seed, data_root, args.data, digits, tuple(args.best), fit_extra)
-                wall_s = logged(command, run_dir / "fit.log", log)
+                if variant == SALT:
+                    stage = functools.partial(salt_command, seed=seed, data_root=data_root, data=args.data, digits=digits)
+                    wall_s = logged(stage("teacher", extra=fit_extra), run_dir / "teacher.log", log)
+                    wall_s += logged(stage("student", extra=fit_extra), run_dir / "fit.log", log)
+                else:
+                    command = fit_command(variant, seed, data_root, args.data, digits, tuple(args.best), fit_extra)
+                    wall_s = logged(command, run_dir / "fit.log", log)
                 timing.write_text(json.dumps({"wall_s": wall_s}) + "\n")
             evaluate(run_dir, str(last_checkpoint(run_dir)), configs, args.data, seed, eval_extra, log)
         if not args.baselines:
@@ -263,15 +323,16 @@ def run(args: argparse.Namespace) -> None:
                 save_lightning_checkpoint(model, random_init)
             evaluate(random_dir, str(random_init), configs, args.data, seed, eval_extra, log)
         if BASELINES["pixels"] in args.baselines:
-            size = ["--data.image_size", str(model.hparams.image_size)]
             pixels_dir = data_root / f"{BASELINES['pixels']}_s{seed}"
-            evaluate(pixels_dir, "pixels", configs, args.data, seed, size + eval_extra, log)
+            size = model.hparams.image_size  # where the config has none (the dense one evaluates at 96 px)
+            evaluate(pixels_dir, "pixels", configs, args.data, seed, eval_extra, log, image_size=size)
 
 
 def eval_scores(folder: Path) -> dict[str, float]:
     files = {
         "eval_linear": ("linear/linear.json", "test_top1"),
         "miou": ("dense/segmentation.json", "test_miou"),
+        "ceiling": ("dense/segmentation.json", "ceiling_miou"),
         "counting": ("dense/counting.json", "test_top1"),
     }
     found = {}

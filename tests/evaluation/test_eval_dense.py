@@ -17,6 +17,7 @@ from lightning.fabric import Fabric
 from PIL import Image
 from torch.utils.data import Dataset
 
+from ijepa.classifiers import token_grid_ceiling
 from ijepa.data.batch import IGNORE_INDEX
 from ijepa.data.sources import ImageFolderSource, ShapesSource
 from ijepa.evaluation import (
@@ -75,7 +76,10 @@ def test_segmentation_and_counting_run_end_to_end_on_dense_shapes_and_write_miou
     seg, count = results
     for result in results:
         assert read_results(out / f"{result['name']}.json") == json.loads(json.dumps(result))
-    assert f"segmentation: test mIoU {100 * seg['test_miou']:.2f}, pixel accuracy" in printed
+    ceiling = f"(ceiling {100 * seg['ceiling_miou']:.2f})"
+    assert f"segmentation: test mIoU {100 * seg['test_miou']:.2f} {ceiling}, pixel accuracy" in printed
+    masks = data().dataset("test", TINY_MODEL["image_size"]).masks  # the ceiling of the test split, 4 x 4 tokens
+    assert seg["ceiling_miou"] == token_grid_ceiling(masks, (4, 4), 11)["miou"]
     assert len(seg["heads"]) == 4 and seg["num_classes"] == 11  # background + 10 shape classes
     assert seg["val_miou"] == max(head["val_miou"] for head in seg["heads"])
     assert seg["selected"] == next(h["name"] for h in seg["heads"] if h["val_miou"] == seg["val_miou"])

@@ -1,7 +1,4 @@
-"""Objectives: changes to what the JEPA step predicts and how its loss is formed, one class each,
-chosen in YAML by ``class_path`` (``model.objectives``, a list; empty: I-JEPA's objective).
-
-Two levers from V-JEPA 2.1 (Assran et al. 2025):
+"""Two levers from V-JEPA 2.1 (Assran et al. 2025):
 
 * :class:`ContextLoss`: the predictor also predicts the context tokens; their loss against the
   target encoder's features at those positions joins the loss, each token weighted by
@@ -9,57 +6,17 @@ Two levers from V-JEPA 2.1 (Assran et al. 2025):
 * :class:`MultiLevelTargets`: the targets are several blocks of the target encoder, each
   normalised and predicted on its own (the predictor's output projection widened to ``k * D``),
   their losses averaged.
-
-The objectives read the step's record (:class:`ijepa.step.StepOutput`), which :mod:`ijepa.step`
-defines and fills. A new objective is one :class:`Objective` subclass.
 """
 
 from __future__ import annotations
 
-import abc
-import copy
 import math
 
 import torch
-import torch.nn as nn
 
 from ijepa.nn.checks import check_range
-from ijepa.registry import class_path, concrete_subclasses, from_config
-from ijepa.step import StepOutput, target_blocks
-
-
-class Objective(nn.Module, metaclass=abc.ABCMeta):
-    """A change to the JEPA step. Subclasses override what they change: :meth:`target_blocks`
-    (which target-encoder blocks are the targets), :meth:`predicts_context` (whether the step
-    computes the predictor's context outputs) and :meth:`add_to` (a term joining the loss)."""
-
-    def __init__(self, **options):
-        super().__init__()
-        self.options = options
-
-    def config(self) -> dict:
-        """``{"class_path", "init_args"}``: plain values that rebuild this member (checkpoints)."""
-        return {"class_path": class_path(self), "init_args": copy.deepcopy(self.options)}
-
-    def target_blocks(self, depth: int) -> list[int] | None:
-        """The target-encoder blocks (1-based) whose outputs are the targets; None: no change."""
-        return None
-
-    def predicts_context(self, step: int) -> bool:
-        """Whether the step at ``step`` needs :attr:`StepOutput.context_predictions`."""
-        return False
-
-    def grid_only(self) -> bool:
-        """Whether this member changes the step (native-resolution packed batches refuse it then)."""
-        return False
-
-    @abc.abstractmethod
-    def add_to(self, loss: torch.Tensor, out: StepOutput, step: int, loss_fn) -> tuple[torch.Tensor, dict]:
-        """The loss with this objective's term joined, and ``{log name: value}`` to log;
-        ``loss_fn(predictions, targets, reduction)`` is the module's prediction loss."""
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"{key}={value}" for key, value in self.options.items())
+from ijepa.objectives.base import Objective
+from ijepa.step import StepOutput
 
 
 def grid_coordinates(indices: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
@@ -183,35 +140,3 @@ class MultiLevelTargets(Objective):
                 total = chunk.mean() if weights is None else (chunk * weights).sum() / (weights.sum() * chunk.size(-1))
                 terms[f"level_{level}_loss"] = total
         return loss, terms
-
-
-def objective_kinds() -> tuple[type[Objective], ...]:
-    """The concrete objectives imported so far, in definition order (the CLI's and docs' registry)."""
-    return concrete_subclasses(Objective)
-
-
-def objective_from_config(config: dict | Objective) -> Objective:
-    """The member an :meth:`Objective.config` dict describes (a member is returned as it is)."""
-    return config if isinstance(config, Objective) else from_config(config, Objective)
-
-
-def refuse_packed(objectives, last_blocks: int) -> None:
-    """Native-resolution batches take the last block's targets and no context loss."""
-    if last_blocks != 1:
-        raise ValueError("native-resolution batches take target_last_blocks=1 (the last block's output).")
-    if any(member.grid_only() for member in objectives):
-        raise ValueError(
-            "native-resolution (packed) batches take no model.objectives (ContextLoss, MultiLevelTargets)."
-        )
-
-
-def check_resumed_levels(checkpoint: dict, blocks: list[int], depth: int) -> None:
-    """Refuse a checkpoint whose target levels (the predictor's output width) differ from ``blocks``."""
-    saved = [objective_from_config(c) for c in (checkpoint.get("hyper_parameters") or {}).get("objectives") or ()]
-    theirs = target_blocks(saved, depth)
-    if len(theirs) != len(blocks):
-        raise ValueError(
-            f"the checkpoint predicts {len(theirs)} target level(s) (blocks {theirs}), this model {len(blocks)} "
-            f"(blocks {blocks}): model.objectives' MultiLevelTargets levels fix the predictor's output width. Use "
-            "the checkpoint's levels, or start a new run without ckpt_path."
-        )
