@@ -247,6 +247,8 @@ class IJEPA(L.LightningModule):
         )  # fmt: skip
         grid = self.encoder.grid
         self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
+        # a frozen or stepwise teacher is its own network; the target encoder then tracks the online one
+        self.teacher_network = None if self.teacher_policy.by_ema else copy.deepcopy(self.target_encoder)
         self.predictor = Predictor(
             grid, embed_dim, predictor_embed_dim, predictor_depth, predictor_num_heads, predictor_mlp,
             drop_path_rate=drop_path_rate, pos_embed=predictor_pos_embed, mode=predictor_mode,
@@ -288,7 +290,9 @@ class IJEPA(L.LightningModule):
             # Online and target encoders sharded alike, so the EMA runs shard by shard.
             data_parallel = data_parallel_mesh(mesh)
             projectors = [member.projector for member in self.regularizers if member.projector is not None]
-            for network in (self.encoder, self.target_encoder, self.predictor, *projectors):
+            heads = [child for member in self.objectives for child in member.children()]  # e.g. a pixel head
+            teacher = [] if self.teacher_network is None else [self.teacher_network]
+            for network in (self.encoder, self.target_encoder, self.predictor, *projectors, *heads, *teacher):
                 shard_network(network, data_parallel)
         if self.hparams.compile and not getattr(self, "_compiled", False):
             # nn.Module.compile compiles in place: parameters and state-dict keys stay as they are.
@@ -301,6 +305,8 @@ class IJEPA(L.LightningModule):
         # The target encoder only ever runs in inference mode (no stochastic depth).
         super().train(mode)
         self.target_encoder.eval()
+        if self.teacher_network is not None:
+            self.teacher_network.eval()
         return self
 
     @torch.no_grad()
@@ -345,9 +351,9 @@ class IJEPA(L.LightningModule):
 
     @property
     def target_network(self) -> nn.Module:
-        """What the training targets come from: the EMA target encoder (a distilled student's:
-        its frozen teacher, :mod:`ijepa.distill`)."""
-        return self.target_encoder
+        """What the training targets come from: the EMA target encoder, or the frozen or stepwise
+        teacher (:mod:`ijepa.teachers`; a distilled student's: its frozen teacher, :mod:`ijepa.distill`)."""
+        return self.target_encoder if self.teacher_network is None else self.teacher_network
 
     def jepa_loss(self, batch: GridBatch | PackedBatch) -> torch.Tensor:
         """The training loss of one masked batch (see the class docstring for the shapes)."""
@@ -476,6 +482,8 @@ class IJEPA(L.LightningModule):
         :class:`ijepa.callbacks.CollapseMonitor`."""
         loss, target_features = self.jepa_step(batch)
         self.log("val/loss", loss, sync_dist=True, batch_size=len(batch))
+        if self.teacher_network is not None:  # the monitors read the encoder that learns, not its teacher
+            target_features = self.pooled_target_features(batch)
         pooled = target_features if target_features.dim() == 2 else target_features.mean(dim=1)
         return {"loss": loss, "target_features": pooled}
 

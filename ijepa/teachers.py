@@ -9,7 +9,10 @@ each, chosen in YAML by ``class_path`` (``model.teacher_policy``; default :class
   optimizer steps (dBOT's stagewise teacher).
 
 A policy runs after every optimizer step (:meth:`TeacherPolicy.after_step`, called with the
-global step), so a resumed run continues it exactly; the target's weights are in the checkpoint.
+global step), so a resumed run continues it exactly. A frozen or stepwise teacher is a network of
+its own (``IJEPA.teacher_network``, in the checkpoint); the target encoder then follows the online
+encoder step by step, as a distilled student's does, so that every reader of the target encoder
+(probes, monitors, ``ijepa eval``, exports) reads the encoder that learns, not the teacher.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from ijepa.registry import class_path, concrete_subclasses, from_config
 
 
 class TeacherPolicy:
-    """How the target encoder moves. ``by_ema``: the EMA callback moves it (else the callback
-    leaves it alone); :meth:`after_step` is the policy's own move after optimizer step ``step``."""
+    """How the teacher moves. ``by_ema``: the teacher is the target encoder, which the EMA callback
+    moves; otherwise the teacher is ``model.teacher_network`` (a copy of the initial target
+    encoder) and :meth:`after_step`, the policy's own move after each optimizer step, also keeps
+    the target encoder equal to the online one."""
 
     by_ema = False
 
@@ -37,8 +42,9 @@ class TeacherPolicy:
         return {"class_path": class_path(self), "init_args": copy.deepcopy(self.options)}
 
     def after_step(self, model: torch.nn.Module, step: int) -> None:
-        """Move ``model.target_encoder`` after optimizer step ``step`` (1-based: the global step
-        once the step is taken). Default: nothing."""
+        """After optimizer step ``step`` (1-based: the global step once the step is taken): the
+        target encoder set to the online one (what readers read); subclasses move the teacher."""
+        copy_weights_(model.target_encoder, model.encoder)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in self.options.items())})"
@@ -50,14 +56,17 @@ class EMATeacher(TeacherPolicy):
 
     by_ema = True
 
+    def after_step(self, model: torch.nn.Module, step: int) -> None:
+        """Nothing: the EMA callback moves the target encoder, which is the teacher."""
+
 
 class FrozenTeacher(TeacherPolicy):
-    """The target encoder never moves: its initial weights teach for the whole run."""
+    """The teacher never moves: the initial weights teach for the whole run."""
 
 
 class StepwiseTeacher(TeacherPolicy):
-    """The online encoder's weights are copied into the target encoder after every
-    ``every_n_steps``-th optimizer step (steps N, 2N, ...); between copies the teacher is frozen.
+    """The online encoder's weights are copied into the teacher after every ``every_n_steps``-th
+    optimizer step (steps N, 2N, ...); between copies the teacher is frozen.
 
     Args:
         every_n_steps: optimizer steps between copies (>= 1).
@@ -69,8 +78,9 @@ class StepwiseTeacher(TeacherPolicy):
         self.every_n_steps = int(every_n_steps)
 
     def after_step(self, model: torch.nn.Module, step: int) -> None:
+        super().after_step(model, step)
         if step > 0 and step % self.every_n_steps == 0:
-            copy_weights_(model.target_encoder, model.encoder)
+            copy_weights_(model.teacher_network, model.encoder)
 
 
 @torch.no_grad()

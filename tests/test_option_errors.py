@@ -22,6 +22,7 @@ import ijepa.masks
 import ijepa.objectives
 import ijepa.optim
 import ijepa.regularizers
+import ijepa.teachers
 from ijepa.cli import build_cli, main
 from ijepa.data import IJEPADataModule
 from ijepa.data.sources import DataSource, ShapesSource
@@ -228,6 +229,10 @@ OUT_OF_RANGE = {
     ),
     ijepa.objectives.ContextLoss: dict(weight=-0.1, warmup_steps=-1),
     ijepa.objectives.MultiLevelTargets: dict(levels=0),
+    ijepa.objectives.Recolour: dict(permute=1.5, gain=(1.2, 0.8), grayscale=-0.1, brightness=-0.1, contrast=2.0),
+    ijepa.objectives.ViewInvariance: dict(weight=-0.1, projector=[64, 0]),
+    ijepa.objectives.PixelTarget: dict(weight=-1.0, latent_weight=-1.0, hidden_dim=-1),
+    ijepa.teachers.StepwiseTeacher: dict(every_n_steps=0),
     ijepa.optim.OptimConfig: dict(
         lr=-1e-3,
         start_lr=-1.0,
@@ -276,7 +281,7 @@ def test_every_callback_and_source_with_numeric_options_is_in_the_table():
     exported = [getattr(ijepa.callbacks, name) for name in ijepa.callbacks.__all__]
     callbacks = [c for c in exported if isinstance(c, type) and issubclass(c, Callback)]
     members = list(ijepa.regularizers.regularizer_kinds()) + list(ijepa.objectives.objective_kinds())
-    members += list(ijepa.masks.mask_kinds())
+    members += list(ijepa.masks.mask_kinds()) + list(ijepa.teachers.teacher_kinds())
     assert {c for c in callbacks + concrete_sources() + members if numeric_options(c)} <= set(OUT_OF_RANGE)
 
 

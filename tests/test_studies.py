@@ -450,11 +450,11 @@ def test_dense_table_gives_means_over_seeds_the_per_seed_gains_and_dashes_for_wh
     out = capsys.readouterr().out
     # k-NN ends 30 and 26, gains 20 and 14; linear ends 40 and 36, gains 30 and 24; counting of seed 0 only
     assert (
-        "| recipe | 2 | 28.0 ± 2.0 | 17.0 ± 3.0 | 38.0 ± 2.0 | 27.0 ± 3.0 | 52.0 ± 2.0 | 22.0 ± 2.0 | 60.0 ± 0.0 | 110 |"
+        "| recipe | 2 | 28.0 ± 2.0 | 17.0 ± 3.0 | 38.0 ± 2.0 | 27.0 ± 3.0 | 52.0 ± 2.0 | 22.0 ± 2.0 | - | 60.0 ± 0.0 | 110 |"
         in out
     )
-    assert "| +context | 1 | 30.0 ± 0.0 | 20.0 ± 0.0 | 40.0 ± 0.0 | 30.0 ± 0.0 | - | - | - | 90 |" in out
-    assert "| pixels | 1 | - | - | - | - | 45.0 ± 0.0 | - | - | - |" in out
+    assert "| +context | 1 | 30.0 ± 0.0 | 20.0 ± 0.0 | 40.0 ± 0.0 | 30.0 ± 0.0 | - | - | - | - | 90 |" in out
+    assert "| pixels | 1 | - | - | - | - | 45.0 ± 0.0 | - | - | - | - |" in out
     assert "plain" not in out and "random init" not in out  # no folders: no rows
     # the goal: +16 k-NN and +25 linear on every seed
     assert "| recipe | s0 +20.0, s1 +14.0 | s0 +30.0, s1 +24.0 | no | - |" in out

@@ -149,7 +149,9 @@ class ViewInvariance(Objective):
         check_range(weight, "ViewInvariance weight", 0)
         if loss not in INVARIANCE_LOSSES:
             raise ValueError(f"ViewInvariance loss must be one of {INVARIANCE_LOSSES}, got {loss!r}.")
-        projector = [int(w) for w in projector or ()]
+        projector = list(projector or ())
+        if any(not isinstance(w, int) or w < 1 for w in projector):
+            raise ValueError(f"ViewInvariance projector widths must be positive ints ([]: none), got {projector}.")
         super().__init__(weight=weight, loss=loss, projector=projector)
         self.weight, self.loss, self.widths = float(weight), loss, projector
         self.projector: nn.Module = nn.Identity()

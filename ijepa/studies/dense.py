@@ -376,8 +376,8 @@ def table(data_root: Path) -> str:
     rows = records(data_root)
     lines = [
         "| variant | seeds | in-fit k-NN % end | k-NN gain | in-fit linear % end | linear gain | "
-        "`ijepa eval` linear % | segmentation mIoU % | counting % | fit wall s (median) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "`ijepa eval` linear % | segmentation mIoU % | its ceiling % | counting % | fit wall s (median) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row, runs in rows.items():
         if not runs:
@@ -390,6 +390,7 @@ def table(data_root: Path) -> str:
             "linear_top1_gain",
             "eval_linear",
             "miou",
+            "ceiling",
             "counting",
         )
         cells = [column(runs, key) for key in keys] + [f"{statistics.median(walls):.0f}" if walls else "-"]
