@@ -14,8 +14,14 @@ recipe's random init (seeded as its run) and raw pixels, evaluated with the run'
     python -m ijepa.studies.dense run --root runs/dense --seeds 0 1 2
     python -m ijepa.studies.dense table --root runs/dense
 
+Issue 57's levers are variants too: one per config of ``configs/ablations/`` (``recolour``,
+``view_invariance``, ``pixel_target``, ``pixel_only``, ``frozen_teacher``, ``stepwise_teacher``,
+``conv_stem``: the quickstart with it layered on), and ``salt``, a ``pixel_only`` teacher for half
+the steps then ``ijepa distill`` against it (``configs/distill/salt.yaml``) for the other half.
+
 A rerun skips what is done, so a study can grow a seed or a variant at a time; ``--baselines``
-names the untrained rows to score (``random_init``, ``pixels``; none: only the variants).
+names the untrained rows to score (``random_init``, ``pixels``; none: only the variants);
+``--fit-only`` trains without evaluating (the in-fit probes' columns only).
 
 ``--data digits`` trains on scikit-learn's digits (``ijepa.studies.learning.write_digits_folder``,
 ``pip install scikit-learn``) and segments the ink (class digit + 1) from the background; digits
@@ -308,7 +314,8 @@ def run(args: argparse.Namespace) -> None:
                     command = fit_command(variant, seed, data_root, args.data, digits, tuple(args.best), fit_extra)
                     wall_s = logged(command, run_dir / "fit.log", log)
                 timing.write_text(json.dumps({"wall_s": wall_s}) + "\n")
-            evaluate(run_dir, str(last_checkpoint(run_dir)), configs, args.data, seed, eval_extra, log)
+            if not args.fit_only:
+                evaluate(run_dir, str(last_checkpoint(run_dir)), configs, args.data, seed, eval_extra, log)
         if not args.baselines:
             continue
         # the recipe at its step 0: the same config, data and seed as its run
@@ -440,6 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fit-args", default="", help="more ijepa fit overrides, e.g. '--trainer.max_steps=300'")
     parser.add_argument("--eval-args", default="", help="more ijepa eval overrides, e.g. '--data.batch_size=128'")
     parser.add_argument("--eval-epochs", type=int, help="every protocol's epochs (the configs are then written)")
+    parser.add_argument("--fit-only", action="store_true", help="train the variants, evaluate none (in-fit probes only)")
     args = parser.parse_args(argv)
     if args.action == "run":
         run(args)
