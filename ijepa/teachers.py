@@ -88,9 +88,13 @@ def copy_weights_(target: torch.nn.Module, online: torch.nn.Module) -> None:
     """``target``'s parameters set to ``online``'s, in place (sharded alike: shard by shard)."""
     pairs = dict(target.named_parameters()), dict(online.named_parameters())
     if pairs[0].keys() != pairs[1].keys():
-        raise ValueError(f"target and online encoders differ in parameters: {sorted(pairs[0].keys() ^ pairs[1].keys())}")
+        raise ValueError(
+            f"target and online encoders differ in parameters: {sorted(pairs[0].keys() ^ pairs[1].keys())}"
+        )
     names = list(pairs[0])
-    torch._foreach_copy_(local_shards([pairs[0][n].data for n in names]), local_shards([pairs[1][n].data for n in names]))
+    torch._foreach_copy_(
+        local_shards([pairs[0][n].data for n in names]), local_shards([pairs[1][n].data for n in names])
+    )
 
 
 def teacher_kinds() -> tuple[type[TeacherPolicy], ...]:

@@ -16,7 +16,6 @@ from ijepa.callbacks import EMATargetUpdate
 from ijepa.cli import IJEPACLI
 from ijepa.data import IJEPADataModule
 from ijepa.data.batch import GridBatch
-from ijepa.masks import MultiBlockMasks
 from ijepa.module import IJEPA
 from ijepa.objectives import (
     PixelTarget,
@@ -249,7 +248,9 @@ def teacher_run(root, policy, recorder, max_steps=7, checkpoints=False):
     callbacks = [EMATargetUpdate(momentum=0.9), recorder]
     if checkpoints:
         callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=1, save_top_k=-1))
-    trainer = tiny_trainer(root, max_steps=max_steps, limit_val_batches=0, enable_checkpointing=checkpoints, callbacks=callbacks)
+    trainer = tiny_trainer(
+        root, max_steps=max_steps, limit_val_batches=0, enable_checkpointing=checkpoints, callbacks=callbacks
+    )
     return model, tiny_datamodule(train_size=64, val_size=16, batch_size=16), trainer
 
 
@@ -313,8 +314,9 @@ def test_the_teacher_policy_is_recorded_and_rebuilt_from_the_checkpoint_hyperpar
 # --- the configs ----------------------------------------------------------------------------------
 LEVER_CONFIGS = {
     "recolour": lambda m, d: [type(o) for o in m.objectives] == [Recolour],
-    "view_invariance": lambda m, d: [type(o) for o in m.objectives] == [Recolour, ViewInvariance]
-    and d.masks.masks_per_image == 2,
+    "view_invariance": lambda m, d: (
+        [type(o) for o in m.objectives] == [Recolour, ViewInvariance] and d.masks.masks_per_image == 2
+    ),
     "pixel_target": lambda m, d: [type(o) for o in m.objectives] == [PixelTarget] and m.objectives[0].latent == 1,
     "pixel_only": lambda m, d: [type(o) for o in m.objectives] == [PixelTarget] and m.objectives[0].latent == 0,
     "frozen_teacher": lambda m, d: isinstance(m.teacher_policy, FrozenTeacher),

@@ -283,7 +283,9 @@ def test_every_dense_variant_parses_to_the_recipe_with_its_levers(fit_parser, mo
     }
     levers = ablation_variants()  # one per configs/ablations/*.yaml but plain I-JEPA's (the plain row)
     assert set(VARIANTS) == set(expected) | set(levers) | {SALT}
-    assert {"recolour", "view_invariance", "pixel_target", "pixel_only", "frozen_teacher", "stepwise_teacher"} <= set(levers)
+    assert {"recolour", "view_invariance", "pixel_target", "pixel_only", "frozen_teacher", "stepwise_teacher"} <= set(
+        levers
+    )
     for variant in levers:
         config, _, callbacks = parsed_fit(fit_parser, fit_command(variant, 1, tmp_path))
         assert callbacks == quickstart_callbacks and config.seed_everything == 1, variant
@@ -302,7 +304,9 @@ def test_every_dense_variant_parses_to_the_recipe_with_its_levers(fit_parser, mo
     assert config.trainer.callbacks[:-1] == recipe.trainer.callbacks  # with their options
 
 
-def test_salt_is_a_pixel_only_teacher_then_a_distilled_student_in_the_quickstarts_steps(fit_parser, monkeypatch, tmp_path):
+def test_salt_is_a_pixel_only_teacher_then_a_distilled_student_in_the_quickstarts_steps(
+    fit_parser, monkeypatch, tmp_path
+):
     from ijepa.studies.dense import salt_command
 
     monkeypatch.chdir(ROOT)

@@ -163,7 +163,9 @@ class Predictor(nn.Module):
             token_mask = torch.cat([context_part, target_part], dim=1)
         tokens = self.transformer(tokens, indices, frame_times=frame_times, token_mask=token_mask, position=position)
         hidden = tokens[:, -num_targets:].view(batch, num_blocks, num_targets, -1)  # [B, M, Kt, Dp]
-        context_states = tokens[:, : context.size(1)].unflatten(0, (batch, num_blocks)).mean(1) if with_context else None
+        context_states = (
+            tokens[:, : context.size(1)].unflatten(0, (batch, num_blocks)).mean(1) if with_context else None
+        )
         return self._outputs(hidden, context_states, single_block, with_context, with_hidden)
 
     def _outputs(self, hidden, context_states, single_block: bool, with_context: bool, with_hidden: bool):

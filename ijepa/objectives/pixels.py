@@ -60,14 +60,21 @@ class PixelTarget(Objective):
         if weight == 0 and latent_weight == 0:
             raise ValueError("PixelTarget weight and latent_weight are both 0: the step would have no loss.")
         super().__init__(weight=weight, latent_weight=latent_weight, norm_pix=norm_pix, hidden_dim=hidden_dim)
-        self.weight, self.latent, self.norm_pix, self.hidden_dim = float(weight), float(latent_weight), norm_pix, hidden_dim
+        self.weight, self.latent, self.norm_pix, self.hidden_dim = (
+            float(weight),
+            float(latent_weight),
+            norm_pix,
+            hidden_dim,
+        )
         self.head: nn.Module | None = None
         self.patch_size = 0
 
     def build(self, model: nn.Module) -> None:
         hp = model.hparams
         if hp.num_frames:
-            raise ValueError("PixelTarget is for image models (model.num_frames=0): clips' tubelets have no pixel head here.")
+            raise ValueError(
+                "PixelTarget is for image models (model.num_frames=0): clips' tubelets have no pixel head here."
+            )
         width = model.predictor.output_proj.in_features
         pixels = hp.in_channels * hp.patch_size**2
         self.patch_size = hp.patch_size

@@ -96,7 +96,9 @@ class Recolour(Objective):
         gain = tuple(float(g) for g in gain)
         if len(gain) != 2 or not 0 < gain[0] <= gain[1]:
             raise ValueError(f"Recolour gain must be [low, high] with 0 < low <= high, got {list(gain)}.")
-        super().__init__(permute=permute, gain=list(gain), grayscale=grayscale, brightness=brightness, contrast=contrast)
+        super().__init__(
+            permute=permute, gain=list(gain), grayscale=grayscale, brightness=brightness, contrast=contrast
+        )
         self.permute, self.gain, self.grayscale = float(permute), gain, float(grayscale)
         self.brightness, self.contrast = float(brightness), float(contrast)
 

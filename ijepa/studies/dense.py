@@ -307,7 +307,9 @@ def run(args: argparse.Namespace) -> None:
             timing = run_dir / "wall_time.json"
             if not (last_checkpoint(run_dir) and timing.exists()):  # else done already: a rerun resumes the study
                 if variant == SALT:
-                    stage = functools.partial(salt_command, seed=seed, data_root=data_root, data=args.data, digits=digits)
+                    stage = functools.partial(
+                        salt_command, seed=seed, data_root=data_root, data=args.data, digits=digits
+                    )
                     wall_s = logged(stage("teacher", extra=fit_extra), run_dir / "teacher.log", log)
                     wall_s += logged(stage("student", extra=fit_extra), run_dir / "fit.log", log)
                 else:
@@ -447,7 +449,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fit-args", default="", help="more ijepa fit overrides, e.g. '--trainer.max_steps=300'")
     parser.add_argument("--eval-args", default="", help="more ijepa eval overrides, e.g. '--data.batch_size=128'")
     parser.add_argument("--eval-epochs", type=int, help="every protocol's epochs (the configs are then written)")
-    parser.add_argument("--fit-only", action="store_true", help="train the variants, evaluate none (in-fit probes only)")
+    parser.add_argument(
+        "--fit-only", action="store_true", help="train the variants, evaluate none (in-fit probes only)"
+    )
     args = parser.parse_args(argv)
     if args.action == "run":
         run(args)
