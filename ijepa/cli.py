@@ -4,6 +4,7 @@
 ``ijepa distill --config configs/distill/<student>.yaml`` (a fit of :class:`ijepa.distill.DistillIJEPA`), and
 ``ijepa convert SOURCE DESTINATION ckpt|official|hf|timm`` (:mod:`ijepa.interop.convert`), and
 ``ijepa eval --config configs/eval/<protocol>.yaml --checkpoint PATH`` (:mod:`ijepa.evaluation.runner`),
+``ijepa finetune --config configs/finetune/<data>.yaml --model.checkpoint PATH`` (:mod:`ijepa.finetune.cli`),
 and ``ijepa submit [options] -- fit ...`` (:mod:`ijepa.launch.submit`).
 """
 
@@ -32,6 +33,7 @@ from ijepa.data import shards
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.distill import DistillIJEPA
 from ijepa.evaluation import runner as evaluation
+from ijepa.finetune import cli as finetune
 from ijepa.interop import convert
 from ijepa.launch import submit as launcher
 from ijepa.launch.requeue import StepBoundaryRequeue
@@ -396,6 +398,9 @@ def main(args: list[str] | None = None) -> None:
         return
     if argv[:1] == ["eval"]:
         evaluation.main(argv[1:])
+        return
+    if argv[:1] == ["finetune"]:
+        finetune.main(argv[1:])
         return
     if argv[:1] == ["submit"]:
         launcher.main(argv[1:], fit=main, check=fit_arguments_error)

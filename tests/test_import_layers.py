@@ -39,7 +39,16 @@ LAYERS: list[tuple[str, ...]] = [
     ("ijepa.distill",),  # a student against a frozen teacher: the module's subclass, teachers read by interop
     ("ijepa.callbacks",),
     # the commands (fit & co, eval), their errors that name the option, their checks before a launch
-    ("ijepa.cli", "ijepa.launch", "ijepa.option_errors", "ijepa.preflight", "ijepa.evaluation", "ijepa.__main__"),
+    # fine-tuning (ijepa finetune): an encoder opened as eval opens it, with a head, trained on labels
+    (
+        "ijepa.cli",
+        "ijepa.launch",
+        "ijepa.option_errors",
+        "ijepa.preflight",
+        "ijepa.evaluation",
+        "ijepa.finetune",
+        "ijepa.__main__",
+    ),
     ("ijepa.explore", "ijepa.studies", "ijepa.benchmark"),
     ("ijepa",),  # the package's own __init__
 ]

@@ -12,22 +12,25 @@ count, adapted as ``ijepa validate`` adapts it (:func:`adapt_ijepa`, :func:`rebu
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from ijepa.checkpoint import load_adapted, non_finite_tensors
-from ijepa.interop.encoder import file_digest, load_encoder
+from ijepa.interop.encoder import CLIP_OPTIONS, ENCODER_OPTIONS, file_digest, load_encoder
 from ijepa.interop.huggingface import load_hf
-from ijepa.legacy import upgrade_hparams
+from ijepa.legacy import upgrade_config, upgrade_hparams
 from ijepa.module import IJEPA
 from ijepa.nn.checks import check_range, check_token_grid
 from ijepa.nn.video import temporal_positions
 from ijepa.nn.vit import VisionTransformer
 
 PIXELS = "pixels"  # the checkpoint value that evaluates raw pixels
+RANDOM = "random"  # the checkpoint value that evaluates a randomly initialised encoder of an architecture
 
 
 class FrozenEncoder(nn.Module):
@@ -174,9 +177,13 @@ def open_encoder(
     patch_size: int | None = None,
     num_frames: int | None = None,
     tubelet_size: int = 2,
+    architecture: dict | str | None = None,
+    seed: int = 0,
 ) -> tuple[FrozenEncoder, dict]:
     """``(frozen encoder, description)`` of ``checkpoint``: an ``ijepa fit`` checkpoint, a
-    weights-only conversion, a Hugging Face ``IJepaModel`` folder, or ``pixels``. The description
+    weights-only conversion, a Hugging Face ``IJepaModel`` folder, ``pixels``, or ``random``: an
+    encoder of ``architecture`` (:func:`architecture_options`) freshly initialised from ``seed``,
+    the from-scratch baseline. The description
     (path, SHA-256, format, encoder) goes into the results file and keys the feature cache.
 
     ``image_size``, ``patch_size`` and ``num_frames`` (None: the checkpoint's) other than the
@@ -191,6 +198,26 @@ def open_encoder(
             raise ValueError("checkpoint=pixels needs data.image_size (the pixel baseline has no size of its own).")
         frozen = PixelEncoder(image_size, 16 if patch_size is None else patch_size, num_frames or 0, tubelet_size)
         return frozen, {"path": PIXELS, "sha256": None, "format": PIXELS, "encoder": None}
+    if checkpoint == RANDOM:
+        if architecture is None:
+            raise ValueError(
+                "checkpoint=random needs an architecture (--architecture): an ijepa fit config, e.g. "
+                "configs/quickstart.yaml, or the encoder's options, e.g. {embed_dim: 128, depth: 4, num_heads: 4}."
+            )
+        options = architecture_options(architecture)
+        if image_size is not None:
+            options["image_size"] = image_size
+        if patch_size is not None:
+            options["patch_size"] = patch_size
+        network = random_encoder(options, seed)
+        return ViTEncoder(network), {
+            "path": RANDOM,
+            "sha256": None,
+            "format": RANDOM,
+            "encoder": None,
+            "architecture": options,
+            "seed": seed,
+        }
     path = Path(checkpoint)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint={checkpoint!r} does not exist.")
@@ -354,3 +381,44 @@ def adapt_ijepa(
         "changed": [line.strip() for line in report.splitlines()[1:]],
     }
     return frozen
+
+
+def architecture_options(architecture: dict | str) -> dict:
+    """The encoder options (:data:`ijepa.interop.encoder.ENCODER_OPTIONS`) an architecture names:
+    a dict of them, or the path of an ``ijepa fit`` config whose ``model:`` section (and
+    ``data.image_size``) holds them; unset options take :class:`~ijepa.module.IJEPA`'s defaults."""
+    if isinstance(architecture, (str, Path)):
+        path = Path(architecture)
+        if not path.is_file():
+            raise FileNotFoundError(f"architecture={str(architecture)!r} is neither a config file nor a dict of options.")
+        loaded = upgrade_config(yaml.safe_load(path.read_text()) or {})[0]
+        model, data = loaded.get("model") or {}, loaded.get("data") or {}
+        options = {key: model[key] for key in ENCODER_OPTIONS + CLIP_OPTIONS if key in model}
+        if "image_size" in data:
+            options["image_size"] = data["image_size"]
+        if data.get("num_frames"):
+            options["num_frames"] = data["num_frames"]
+        return options
+    if not isinstance(architecture, dict):
+        raise ValueError(f"architecture must be a config path or a dict of encoder options, got {architecture!r}.")
+    unknown = sorted(set(architecture) - set(ENCODER_OPTIONS + CLIP_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"architecture: unknown options {unknown}; valid: {', '.join(ENCODER_OPTIONS + CLIP_OPTIONS)}."
+        )
+    return dict(architecture)
+
+
+def random_encoder(options: dict, seed: int = 0) -> VisionTransformer:
+    """The target encoder ``ijepa fit`` would start from with these model options, drawn from
+    ``seed`` (the global RNG is left as it was)."""
+    defaults = inspect.signature(IJEPA.__init__).parameters
+    full = {key: options.get(key, defaults[key].default) for key in ENCODER_OPTIONS if key in defaults}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if options.get("num_frames"):
+            clip = {key: options.get(key, defaults[key].default) for key in CLIP_OPTIONS}
+            network = VisionTransformer.for_clips(**clip, **full)
+        else:
+            network = VisionTransformer.for_images(**full)
+    return network.eval().requires_grad_(False)

@@ -28,7 +28,7 @@ from ijepa.checkpoint import unwritable
 from ijepa.evaluation.cache import FeatureCache
 from ijepa.evaluation.context import EvalContext
 from ijepa.evaluation.data import EvalData
-from ijepa.evaluation.encoders import PIXELS, FrozenEncoder, open_encoder
+from ijepa.evaluation.encoders import PIXELS, RANDOM, FrozenEncoder, open_encoder
 from ijepa.evaluation.protocols import Protocol
 from ijepa.interop.encoder import save_json
 from ijepa.option_errors import OWN_ERRORS, IJEPAArgumentParser, innermost_error, raised_by_project
@@ -40,9 +40,9 @@ def default_output_dir(checkpoint: str) -> Path:
     """``<run folder>/eval`` for a checkpoint in ``<run folder>/checkpoints/``, else ``eval/<name>``
     next to the current folder."""
     path = Path(checkpoint)
-    if checkpoint != PIXELS and path.parent.name == "checkpoints":
+    if checkpoint not in (PIXELS, RANDOM) and path.parent.name == "checkpoints":
         return path.parent.parent / "eval" / path.stem
-    return Path("eval") / (PIXELS if checkpoint == PIXELS else path.stem)
+    return Path("eval") / (checkpoint if checkpoint in (PIXELS, RANDOM) else path.stem)
 
 
 class Evaluation:
@@ -50,7 +50,9 @@ class Evaluation:
 
     Args:
         checkpoint: an ``ijepa fit`` checkpoint, a weights-only conversion, a Hugging Face
-            ``IJepaModel`` folder (``ijepa convert ... hf``), or ``pixels`` (raw pixels, a baseline).
+            ``IJepaModel`` folder (``ijepa convert ... hf``), ``pixels`` (raw pixels, a baseline), or
+            ``random`` (an encoder of ``architecture`` freshly initialised from ``data.seed``: the
+            from-scratch baseline).
         protocols: the protocols to run, in order (each by ``class_path``, see ``configs/eval/``).
         data: the labelled images (:class:`~ijepa.evaluation.data.EvalData`).
         encoder: ``target`` (the EMA encoder, as the I-JEPA paper evaluates; default) or ``online``.
@@ -61,6 +63,8 @@ class Evaluation:
         cache: false extracts every feature afresh and writes none.
         pixel_patch_size: patch side of the pixel baseline's tokens (attentive probe).
         pixel_tubelet_size: frames per token of the pixel baseline on clips (attentive probe).
+        architecture: with ``checkpoint: random``, the encoder to build: an ``ijepa fit`` config
+            (its ``model:`` section and ``data.image_size``) or a dict of encoder options.
         accelerator, devices, num_nodes, strategy, precision: Lightning Fabric's.
     """
 
@@ -75,6 +79,7 @@ class Evaluation:
         cache: bool = True,
         pixel_patch_size: int = 8,
         pixel_tubelet_size: int = 2,
+        architecture: dict | str | None = None,
         accelerator: str = "auto",
         devices: int | str = 1,
         num_nodes: int = 1,
@@ -88,7 +93,9 @@ class Evaluation:
             raise ValueError(f"protocols must have distinct names (their results files), got {names}: set name.")
         self.checkpoint, self.protocols, self.data = checkpoint, protocols, data or EvalData()
         self.encoder_kind, self.cache, self.pixel_patch_size = encoder, cache, pixel_patch_size
-        self.pixel_tubelet_size = pixel_tubelet_size
+        self.pixel_tubelet_size, self.architecture = pixel_tubelet_size, architecture
+        if architecture is not None and checkpoint != RANDOM:
+            raise ValueError(f"architecture is for checkpoint=random; checkpoint={checkpoint!r} has its own.")
         self.output_dir = Path(output_dir) if output_dir else default_output_dir(checkpoint)
         self.cache_dir = Path(cache_dir) if cache_dir else self.output_dir / "features"
         # before any work: a read-only place would otherwise fail after the extraction
@@ -115,7 +122,11 @@ class Evaluation:
         size = encoder.image_size  # the evaluated size: the data's, else the checkpoint's
         encoder = encoder.to(fabric.device)
         identity = {
-            "checkpoint": described["sha256"] or PIXELS,
+            "checkpoint": described["sha256"] or (
+                json.dumps([RANDOM, described["architecture"], described["seed"]], sort_keys=True)
+                if self.checkpoint == RANDOM
+                else PIXELS
+            ),
             "encoder": described["encoder"],
             "pixel_patch_size": self.pixel_patch_size if self.checkpoint == PIXELS else None,
             "data": self.data.describe(size),
@@ -186,6 +197,8 @@ class Evaluation:
             patch_size=patch,
             num_frames=data.num_frames,
             tubelet_size=self.pixel_tubelet_size,
+            architecture=self.architecture,
+            seed=data.seed,
         )
         data.use_frames(encoder.num_frames)
         return encoder, described

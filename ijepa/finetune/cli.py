@@ -1,0 +1,108 @@
+"""``ijepa finetune``: LightningCLI over :class:`~ijepa.finetune.module.FineTuner` and
+:class:`~ijepa.finetune.data.FinetuneData`.
+
+``ijepa finetune --config configs/finetune/quickstart.yaml --model.checkpoint PATH`` fits (the
+first word may be ``fit``, ``validate`` or ``test``, as for ``ijepa fit``), then tests the best
+checkpoint by ``val/top1`` (or the last one when none is monitored) on the held-out split and
+writes ``finetune.json`` (test top-1 / top-5, the selected step, the data, the wall time) into
+the run's log folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from ijepa.checkpoint import unwritable
+from ijepa.finetune.data import FinetuneData
+from ijepa.finetune.module import FineTuner
+from ijepa.interop.encoder import save_json
+from ijepa.option_errors import OWN_ERRORS, IJEPAArgumentParser, OptionError, innermost_error, raised_by_project
+
+SUBCOMMANDS = ("fit", "validate", "test")
+
+
+class FinetuneCLI(LightningCLI):
+    """The CLI of ``ijepa finetune``: the data's image size is the model's."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.image_size", "model.image_size")
+
+    def before_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        root = self.config[subcommand].trainer.get("default_root_dir") if subcommand else None
+        if subcommand == "fit" and (problem := unwritable(Path(root or os.getcwd()))):
+            raise OptionError(f"trainer.default_root_dir: cannot write to {root or os.getcwd()} ({problem}).")
+        self._start = time.perf_counter()
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (ValueError, OSError, ImportError, MisconfigurationException) as error:
+            own = innermost_error(error)
+            raise OptionError(str(own).strip().splitlines()[0]) from error
+
+    def after_fit(self) -> None:
+        trainer = self.trainer
+        if trainer.interrupted or not trainer.is_global_zero and trainer.world_size == 1:
+            return
+        fit_seconds = time.perf_counter() - self._start
+        monitored = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.monitor]
+        best = monitored[0] if monitored else None
+        ckpt = best.best_model_path if best is not None and best.best_model_path else None
+        results = trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt, verbose=False)[0]
+        record = {
+            "test_top1": results.get("test/top1"),
+            "test_top5": results.get("test/top5"),
+            "checkpoint": ckpt or "the model at the end of fit",
+            "best_val_top1": float(best.best_model_score) if best is not None and best.best_model_score is not None else None,
+            "steps": trainer.global_step,
+            "fit_seconds": round(fit_seconds, 1),
+            "encoder": {k: self.model.hparams[k] for k in ("checkpoint", "encoder", "trainable_blocks", "lora")},
+            "data": self.datamodule.describe(),
+        }
+        if trainer.is_global_zero:
+            folder = Path(trainer.log_dir or trainer.default_root_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            save_json(json.loads(json.dumps(record, default=str)), folder / "finetune.json")
+            top1 = record["test_top1"]
+            print(f"finetune: test top-1 {100 * top1:.2f} % ({ckpt or 'last'}) -> {folder / 'finetune.json'}")
+
+
+def build_cli(args: list[str] | None = None, run: bool = True) -> FinetuneCLI:
+    return FinetuneCLI(
+        FineTuner,
+        FinetuneData,
+        save_config_kwargs={"overwrite": True},
+        trainer_defaults={"plugins": [{"class_path": "ijepa.checkpoint.AtomicCheckpointIO"}]},
+        args=args,
+        run=run,
+        parser_class=IJEPAArgumentParser,
+    )
+
+
+def main(args: list[str]) -> None:
+    """``ijepa finetune [fit|validate|test] ...`` (no subcommand: fit)."""
+    args = list(args)
+    if not args or args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help"):
+        args = ["fit", *args]
+    argv, sys.argv = sys.argv, sys.argv[:1]  # the arguments are args (LightningCLI warns when both are given)
+    try:
+        build_cli(args)
+    except OptionError as error:
+        sys.stderr.write(f"error: {error}\n")
+        sys.exit(2)
+    except OWN_ERRORS as error:
+        if not raised_by_project(error) or os.environ.get("IJEPA_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {error}\n")
+        sys.exit(2)
+    finally:
+        sys.argv = argv
