@@ -390,7 +390,9 @@ def architecture_options(architecture: dict | str) -> dict:
     if isinstance(architecture, (str, Path)):
         path = Path(architecture)
         if not path.is_file():
-            raise FileNotFoundError(f"architecture={str(architecture)!r} is neither a config file nor a dict of options.")
+            raise FileNotFoundError(
+                f"architecture={str(architecture)!r} is neither a config file nor a dict of options."
+            )
         loaded = upgrade_config(yaml.safe_load(path.read_text()) or {})[0]
         model, data = loaded.get("model") or {}, loaded.get("data") or {}
         options = {key: model[key] for key in ENCODER_OPTIONS + CLIP_OPTIONS if key in model}

@@ -122,7 +122,8 @@ class Evaluation:
         size = encoder.image_size  # the evaluated size: the data's, else the checkpoint's
         encoder = encoder.to(fabric.device)
         identity = {
-            "checkpoint": described["sha256"] or (
+            "checkpoint": described["sha256"]
+            or (
                 json.dumps([RANDOM, described["architecture"], described["seed"]], sort_keys=True)
                 if self.checkpoint == RANDOM
                 else PIXELS

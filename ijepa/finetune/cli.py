@@ -1,6 +1,9 @@
 """``ijepa finetune``: LightningCLI over :class:`~ijepa.finetune.module.FineTuner` and
 :class:`~ijepa.finetune.data.FinetuneData`.
 
+``ijepa finetune export SOURCE DESTINATION hf|timm`` writes a fine-tuned classifier as a Hugging
+Face or timm folder (:mod:`ijepa.finetune.export`).
+
 ``ijepa finetune --config configs/finetune/quickstart.yaml --model.checkpoint PATH`` fits (the
 first word may be ``fit``, ``validate`` or ``test``, as for ``ijepa fit``), then tests the best
 checkpoint by ``val/top1`` (or the last one when none is monitored) on the held-out split and
@@ -21,6 +24,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from ijepa.checkpoint import unwritable
+from ijepa.finetune import export
 from ijepa.finetune.data import FinetuneData
 from ijepa.finetune.module import FineTuner
 from ijepa.interop.encoder import save_json
@@ -62,7 +66,9 @@ class FinetuneCLI(LightningCLI):
             "test_top1": results.get("test/top1"),
             "test_top5": results.get("test/top5"),
             "checkpoint": ckpt or "the model at the end of fit",
-            "best_val_top1": float(best.best_model_score) if best is not None and best.best_model_score is not None else None,
+            "best_val_top1": float(best.best_model_score)
+            if best is not None and best.best_model_score is not None
+            else None,
             "steps": trainer.global_step,
             "fit_seconds": round(fit_seconds, 1),
             "encoder": {k: self.model.hparams[k] for k in ("checkpoint", "encoder", "trainable_blocks", "lora")},
@@ -91,6 +97,9 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> FinetuneCLI:
 def main(args: list[str]) -> None:
     """``ijepa finetune [fit|validate|test] ...`` (no subcommand: fit)."""
     args = list(args)
+    if args[:1] == ["export"]:
+        export.main(args[1:])
+        return
     if not args or args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help"):
         args = ["fit", *args]
     argv, sys.argv = sys.argv, sys.argv[:1]  # the arguments are args (LightningCLI warns when both are given)

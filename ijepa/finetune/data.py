@@ -191,7 +191,9 @@ class FinetuneData(pl.LightningDataModule):
         return DataLoader(dataset, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        return self._plain_loader(Subset(self.images.dataset("train", self.hparams.image_size), self.indices["val"].tolist()))
+        return self._plain_loader(
+            Subset(self.images.dataset("train", self.hparams.image_size), self.indices["val"].tolist())
+        )
 
     def test_dataloader(self) -> DataLoader:
         return self._plain_loader(self.images.dataset("test", self.hparams.image_size))

@@ -1,9 +1,9 @@
 """Classification heads of ``ijepa finetune``, one class per kind, chosen in YAML by
 ``class_path`` (``model.head``):
 
-* :class:`MeanPoolHead`: the encoder's tokens averaged, a LayerNorm, a linear layer (MAE's
-  ``global_pool`` head, the one Hugging Face's ``IJepaForImageClassification`` and timm's
-  ``VisionTransformer(global_pool="avg")`` hold);
+* :class:`MeanPoolHead`: the encoder's (LayerNorm-ed) tokens averaged, then a linear layer: the
+  head Hugging Face's ``IJepaForImageClassification`` and timm's ``VisionTransformer(global_pool="avg",
+  fc_norm=False)`` hold; ``fc_norm: true`` adds MAE's LayerNorm after the pooling (no format holds both norms);
 * :class:`AttentivePoolHead`: the attentive pooler the probes use
   (:class:`ijepa.classifiers.heads.AttentiveHead`), which no export format holds.
 
@@ -26,8 +26,6 @@ from ijepa.registry import class_path, concrete_subclasses, from_config
 class HeadKind:
     """A kind of head with its options; :meth:`build` makes the module."""
 
-    exportable = True  # whether Hugging Face and timm folders can hold it
-
     def __init__(self, **options):
         self.options = options
 
@@ -37,16 +35,22 @@ class HeadKind:
     def build(self, width: int, num_classes: int, seed: int = 0) -> nn.Module:
         raise NotImplementedError
 
+    def export_problem(self) -> str | None:
+        """Why a Hugging Face or timm folder cannot hold this head, or None."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in self.options.items())})"
 
 
 class PooledClassifier(nn.Module):
-    """``tokens [B, K, D] -> mean over K -> LayerNorm -> dropout -> linear -> [B, C]``."""
+    """``tokens [B, K, D] -> mean over K -> (LayerNorm) -> dropout -> linear -> [B, C]``."""
 
-    def __init__(self, width: int, num_classes: int, dropout: float = 0.0, init_std: float = 2e-5):
+    def __init__(
+        self, width: int, num_classes: int, fc_norm: bool = False, dropout: float = 0.0, init_std: float = 2e-5
+    ):
         super().__init__()
-        self.fc_norm = nn.LayerNorm(width, eps=1e-6)
+        self.fc_norm = nn.LayerNorm(width, eps=1e-6) if fc_norm else nn.Identity()
         self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(width, num_classes)
         nn.init.trunc_normal_(self.head.weight, std=init_std)  # MAE: a near-zero head, so early steps tune it first
@@ -57,17 +61,23 @@ class PooledClassifier(nn.Module):
 
 
 class MeanPoolHead(HeadKind):
-    """Mean-pooled tokens, LayerNorm, linear (MAE's fine-tuning head).
+    """The encoder's tokens (normed by its final LayerNorm) averaged, then a linear layer.
 
     Args:
+        fc_norm: a second LayerNorm after the pooling (MAE's ``fc_norm``); not exportable.
         dropout: dropout before the linear layer, in [0, 1).
         init_std: std of the linear layer's trunc-normal init (MAE: 2e-5).
     """
 
-    def __init__(self, dropout: float = 0.0, init_std: float = 2e-5):
+    def __init__(self, fc_norm: bool = False, dropout: float = 0.0, init_std: float = 2e-5):
         check_range(dropout, "model.head.dropout", 0, 1, high_open=True)
         check_range(init_std, "model.head.init_std", 0)
-        super().__init__(dropout=dropout, init_std=init_std)
+        super().__init__(fc_norm=fc_norm, dropout=dropout, init_std=init_std)
+
+    def export_problem(self) -> str | None:
+        if self.options["fc_norm"]:
+            return "MeanPoolHead(fc_norm=true) normalises after the pooling, on top of the encoder's own final norm"
+        return None
 
     def build(self, width: int, num_classes: int, seed: int = 0) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
@@ -84,10 +94,11 @@ class AttentivePoolHead(HeadKind):
         num_queries: learned queries.
     """
 
-    exportable = False
-
     def __init__(self, num_heads: int = 4, depth: int = 1, num_queries: int = 1):
         super().__init__(num_heads=num_heads, depth=depth, num_queries=num_queries)
+
+    def export_problem(self) -> str | None:
+        return "the attentive pooler (AttentivePoolHead) has learned queries and attention of its own"
 
     def build(self, width: int, num_classes: int, seed: int = 0) -> nn.Module:
         return AttentiveHead(width, num_classes, seed=seed, **self.options)

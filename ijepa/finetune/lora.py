@@ -35,7 +35,9 @@ class LoraOptions:
         check_range(self.dropout, "model.lora.dropout", 0, 1, high_open=True)
         unknown = sorted(set(self.targets) - set(TARGETS))
         if unknown or not self.targets:
-            raise ValueError(f"model.lora.targets must be a non-empty subset of {list(TARGETS)}, got {list(self.targets)}.")
+            raise ValueError(
+                f"model.lora.targets must be a non-empty subset of {list(TARGETS)}, got {list(self.targets)}."
+            )
         object.__setattr__(self, "targets", tuple(self.targets))
 
     @classmethod

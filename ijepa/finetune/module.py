@@ -114,7 +114,9 @@ class FineTuner(pl.LightningModule):
         self.optim = FinetuneOptim.of(optim)
         self.lora_options = LoraOptions.of(lora)
         if lora is not None and trainable_blocks is not None:
-            raise ValueError("model.lora and model.trainable_blocks exclude each other: LoRA freezes the whole encoder.")
+            raise ValueError(
+                "model.lora and model.trainable_blocks exclude each other: LoRA freezes the whole encoder."
+            )
         if num_classes is not None and num_classes < 2:
             raise ValueError(f"model.num_classes must be >= 2 (or null: the data's), got {num_classes}.")
         self.save_hyperparameters(ignore=["head", "optim", "lora", "network"])

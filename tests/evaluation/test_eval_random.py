@@ -51,5 +51,7 @@ def test_ijepa_eval_scores_a_random_encoder_and_names_it_in_the_results(tmp_path
     assert result["checkpoint"]["format"] == "random" and result["checkpoint"]["architecture"]["depth"] >= 1
     assert 0 <= result["test_top1"] <= 1
     data = EvalData(source=ShapesSource(train_size=120, val_size=40), batch_size=40, num_workers=0, val_fraction=0.2)
-    (again,) = Evaluation("random", [KNNProtocol(ks=[5])], data=data, architecture=ARCH, output_dir=str(tmp_path / "b"), accelerator="cpu").run()
+    (again,) = Evaluation(
+        "random", [KNNProtocol(ks=[5])], data=data, architecture=ARCH, output_dir=str(tmp_path / "b"), accelerator="cpu"
+    ).run()
     assert again["checkpoint"]["architecture"] == ARCH

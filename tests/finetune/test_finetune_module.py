@@ -9,7 +9,7 @@ from conftest import TINY_CONFIG, save_tiny_checkpoint
 
 from ijepa.cli import instantiate
 from ijepa.data.sources import ShapesSource
-from ijepa.finetune import FineTuner, FinetuneData, load_finetuned
+from ijepa.finetune import FinetuneData, FineTuner, load_finetuned
 from ijepa.finetune.module import network_spec
 
 ARCH = {"image_size": 16, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
@@ -71,7 +71,11 @@ def test_a_class_count_that_disagrees_with_the_data_is_one_line(tmp_path):
 
 @pytest.mark.parametrize(
     ("options", "named"),
-    [({"label_fraction": 0.0}, r"data\.label_fraction"), ({"shots": 0}, r"data\.shots"), ({"val_fraction": 1.0}, r"data\.val_fraction")],
+    [
+        ({"label_fraction": 0.0}, r"data\.label_fraction"),
+        ({"shots": 0}, r"data\.shots"),
+        ({"val_fraction": 1.0}, r"data\.val_fraction"),
+    ],
 )
 def test_an_empty_label_fraction_or_split_is_one_line(options, named):
     with pytest.raises(ValueError, match=named):
@@ -90,7 +94,9 @@ def test_the_label_fraction_takes_that_share_of_each_class_and_never_a_validatio
 def fit(root: Path, max_steps: int, ckpt_path: str | None = None, every: int | None = None) -> FineTuner:
     L.seed_everything(0)
     model = FineTuner(architecture=ARCH, num_classes=10, drop_path_rate=0.2, optim={"warmup_steps": 2})
-    callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=root, every_n_train_steps=every, save_top_k=-1)] if every else []
+    callbacks = (
+        [L.pytorch.callbacks.ModelCheckpoint(dirpath=root, every_n_train_steps=every, save_top_k=-1)] if every else []
+    )
     trainer = L.Trainer(
         max_steps=max_steps,
         logger=False,
@@ -116,7 +122,9 @@ def test_a_run_resumed_mid_epoch_ends_with_the_weights_of_an_uninterrupted_one(t
 def test_a_finetuned_checkpoint_reads_back_with_the_same_logits_without_its_source(tmp_path):
     source = tiny_fit_checkpoint(tmp_path)
     model = FineTuner(checkpoint=str(source), num_classes=10, drop_path_rate=0.0)
-    trainer = L.Trainer(max_steps=2, logger=False, enable_progress_bar=False, default_root_dir=tmp_path, limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=2, logger=False, enable_progress_bar=False, default_root_dir=tmp_path, limit_val_batches=0
+    )
     trainer.fit(model, datamodule=tiny_data(image_size=32))
     trainer.save_checkpoint(tmp_path / "tuned.ckpt")
     source.unlink()  # the fine-tuned checkpoint describes its own network

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ijepa.finetune import FineTuner, FinetuneOptim
+from ijepa.finetune import FinetuneOptim, FineTuner
 from ijepa.finetune.recipe import build_optimizer, drop_path_rates, layer_id
 
 ARCH = {"image_size": 16, "patch_size": 8, "embed_dim": 32, "depth": 3, "num_heads": 2}
