@@ -96,7 +96,7 @@ class FineTuner(pl.LightningModule):
 
     def __init__(
         self,
-        checkpoint: str = RANDOM,
+        checkpoint: str | None = RANDOM,
         encoder: str = "target",
         architecture: dict | str | None = None,
         image_size: int | None = None,
@@ -125,6 +125,10 @@ class FineTuner(pl.LightningModule):
             optim=self.optim.record(),
             lora=None if self.lora_options is None else self.lora_options.record(),
         )
+        if checkpoint is None and network is None:
+            raise ValueError(
+                "model.checkpoint is required: an ijepa checkpoint, a Hugging Face folder, or random (from scratch)."
+            )
         if network is not None:  # a fine-tuned checkpoint read back: its own architecture
             self.encoder = build_network(network)
         else:
