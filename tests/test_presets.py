@@ -21,8 +21,9 @@ from conftest import ROOT, TINY_MODEL
 from helpers import cli, write_folder
 
 from ijepa.callbacks.ema import EMATargetUpdate
-from ijepa.cli import _Parsed, _ParserOnly
+from ijepa.cli import _Parsed, _ParserOnly, instantiate, main
 from ijepa.data.datamodule import IJEPADataModule
+from ijepa.interop import to_official
 from ijepa.module import IJEPA
 from ijepa.optim import OptimConfig
 
@@ -333,3 +334,41 @@ def test_every_preset_trains_one_step_on_cpu_at_a_stand_in_size(name, image_fold
     (last,) = tmp_path.rglob("last.ckpt")
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 1
+
+
+def test_domain_adaptation_holds_the_ema_advice_and_starts_from_a_converted_checkpoint(parser, image_folder, tmp_path):
+    """configs/presets/adapt_vith14.yaml over the official preset: EMA in vjepa2 issue 93's range, and at a stand-in
+    size a run that starts from a converted official checkpoint's weights with a fresh schedule (not a resume)."""
+    adapt = PRESETS / "adapt_vith14.yaml"
+    config = resolve(parser, "in1k_vith14_ep300", "--config", str(adapt))
+    ema = callback(config, "EMATargetUpdate")
+    assert 0.99 <= ema.momentum <= 0.9995 and ema.final_momentum == ema.momentum
+    assert callback(config, "PositionEmbeddingInterpolation").init_checkpoint == "vith14.ckpt"
+    # the stand-in "published" checkpoint: the preset's model at the stand-in size, trained-looking, official format
+    overrides = [f"--data.source.root={image_folder}", *STAND_IN]
+    model, _ = instantiate(str(PRESETS / "in1k_vith14_ep300.yaml"), overrides)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    torch.save(to_official(model), tmp_path / "official.pth.tar")
+    heads = [
+        "--num_heads",
+        str(model.hparams.num_heads),
+        "--predictor_num_heads",
+        str(model.hparams.predictor_num_heads),
+    ]
+    converted = tmp_path / "vith14.ckpt"
+    main(["convert", str(tmp_path / "official.pth.tar"), str(converted), "ckpt", *heads])
+    layered = tmp_path / "adapt.yaml"
+    layered.write_text(adapt.read_text().replace("init_checkpoint: vith14.ckpt", f"init_checkpoint: {converted}"))
+    run = cli(
+        "fit", "--config", str(PRESETS / "in1k_vith14_ep300.yaml"), "--config", str(layered),
+        f"--trainer.default_root_dir={tmp_path}", *overrides,
+    )  # fmt: skip
+    assert run.trainer.global_step == 1
+    fitted = run.trainer.lightning_module
+    start = model.target_encoder.transformer.blocks[0].attn.qkv.weight
+    moved = (fitted.target_encoder.transformer.blocks[0].attn.qkv.weight - start).abs().max()
+    assert moved < 1e-3, "the target encoder starts from the checkpoint's and moves by one EMA step"
+    scheduler = run.trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.last_epoch == 1  # a fresh schedule, one step into its warm-up

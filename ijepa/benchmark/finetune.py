@@ -27,6 +27,7 @@ import torch.nn.functional as F
 import yaml
 
 from ijepa.benchmark import time_calls
+from ijepa.evaluation.encoders import architecture_options
 from ijepa.finetune.module import FineTuner
 from ijepa.finetune.recipe import FinetuneOptim, build_optimizer
 from ijepa.interop.timm_vit import encoder_to_timm
@@ -47,8 +48,6 @@ def build_pair(model_options: dict, image_size: int, num_classes: int, device: t
     except ImportError:
         raise ImportError("the fine-tuning benchmark compares with timm: pip install timm") from None
     architecture = model_options.get("architecture") or "configs/quickstart.yaml"
-    from ijepa.evaluation.encoders import architecture_options
-
     options = {**architecture_options(architecture), "image_size": image_size, "pos_embed": "learned"}
     drop_path = float(model_options.get("drop_path_rate", 0.1))
     ours = FineTuner(architecture=options, num_classes=num_classes, drop_path_rate=drop_path).to(device)

@@ -131,3 +131,21 @@ def test_a_finetuned_checkpoint_reads_back_with_the_same_logits_without_its_sour
     back = load_finetuned(tmp_path / "tuned.ckpt")
     images = torch.randn(3, 3, 32, 32)
     assert torch.allclose(back(images), model.eval()(images), atol=1e-6)
+
+
+def test_lightnings_ema_of_the_weights_averages_the_fine_tuners_weights(tmp_path):
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+
+    def trained(callbacks) -> FineTuner:
+        L.seed_everything(0)
+        model = FineTuner(architecture=ARCH, num_classes=10, drop_path_rate=0.0)
+        trainer = L.Trainer(
+            max_steps=4, logger=False, enable_progress_bar=False, enable_checkpointing=False, limit_val_batches=0,
+            callbacks=callbacks, default_root_dir=tmp_path,
+        )  # fmt: skip
+        trainer.fit(model, datamodule=tiny_data())
+        return model
+
+    plain, averaged = trained([]), trained([EMAWeightAveraging(decay=0.5)])
+    weight = "encoder.transformer.blocks.0.attn.qkv.weight"
+    assert not torch.equal(plain.state_dict()[weight], averaged.state_dict()[weight]), "the average replaces the weights"
