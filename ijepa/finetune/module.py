@@ -92,6 +92,8 @@ class FineTuner(pl.LightningModule):
             targets; needs ``peft``): the encoder frozen, its adapters and the head train.
         optim: :class:`~ijepa.finetune.recipe.FinetuneOptim` (lr, layer_decay, warm-up, ...).
         seed: seed of a ``random`` encoder and of the head's initialisation.
+        compile: run the encoder and head under ``torch.compile`` (``nn.Module.compile``: the
+            state dict keeps its names), as ``model.compile`` does in pretraining.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class FineTuner(pl.LightningModule):
         optim: FinetuneOptim | dict | None = None,
         seed: int = 0,
         network: dict | None = None,
+        compile: bool = False,
     ):
         super().__init__()
         self.head_kind = head_from_config(copy.deepcopy(head))
@@ -142,6 +145,8 @@ class FineTuner(pl.LightningModule):
         self.head: nn.Module | None = None
         if num_classes is not None:
             self.build_head(num_classes)
+        if compile:
+            self.encoder.compile()
 
     @staticmethod
     def open(checkpoint, encoder, architecture, image_size, seed) -> VisionTransformer:
@@ -156,6 +161,8 @@ class FineTuner(pl.LightningModule):
     def build_head(self, num_classes: int) -> None:
         self.hparams["num_classes"] = num_classes
         self.head = self.head_kind.build(self.encoder.embed_dim, num_classes, self.hparams.seed)
+        if self.hparams.get("compile"):
+            self.head.compile()
         top5 = min(5, num_classes)
         self.metrics = nn.ModuleDict(
             {
