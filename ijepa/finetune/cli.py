@@ -55,7 +55,7 @@ class FinetuneCLI(LightningCLI):
 
     def after_fit(self) -> None:
         trainer = self.trainer
-        if trainer.interrupted or not trainer.is_global_zero and trainer.world_size == 1:
+        if trainer.interrupted:  # every rank tests (a collective); rank zero writes
             return
         fit_seconds = time.perf_counter() - self._start
         monitored = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.monitor]
