@@ -17,11 +17,10 @@ from typing import Literal
 import torch
 from jsonargparse import auto_cli
 
-from ijepa.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from ijepa.finetune.module import FineTuner, load_finetuned
 from ijepa.interop.encoder import export_dtype, save_json, save_safetensors
 from ijepa.interop.huggingface import encoder_to_hf, hf_preprocessor
-from ijepa.interop.timm_vit import TIMM_ARCHITECTURE, encoder_to_timm
+from ijepa.interop.timm_vit import encoder_to_timm, timm_config
 
 FORMATS = ("hf", "timm")
 
@@ -94,36 +93,9 @@ def export(
         save_json(config, out / "config.json")
         save_json(hf_preprocessor(size), out / "preprocessor_config.json")
     else:
-        timm_config(out, args)
+        save_json(timm_config(args), out / "config.json")
     print(f"finetuned {source} -> {to} {destination} ({dtype})")
     return out
-
-
-def timm_config(folder: Path, args: dict) -> None:
-    """timm's ``config.json`` for ``args`` (the encoder's, as :func:`ijepa.interop.save_timm` writes, with classes)."""
-    size = args["img_size"]
-    save_json(
-        {
-            "architecture": TIMM_ARCHITECTURE,
-            "num_classes": args["num_classes"],
-            "num_features": args["embed_dim"],
-            "global_pool": "avg",
-            "model_args": args,
-            "pretrained_cfg": {
-                "input_size": [args["in_chans"], size, size],
-                "fixed_input_size": True,
-                "interpolation": "bilinear",
-                "crop_pct": 1.0,
-                "crop_mode": "center",
-                "mean": list(IMAGENET_MEAN),
-                "std": list(IMAGENET_STD),
-                "num_classes": args["num_classes"],
-                "first_conv": "patch_embed.proj",
-                "classifier": "head",
-            },
-        },
-        folder / "config.json",
-    )
 
 
 def main(args: list[str]) -> None:

@@ -78,28 +78,31 @@ def save_timm(encoder: torch.nn.Module, folder: str | Path, which: str = "target
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_safetensors(state, folder / "model.safetensors", torch_dtype)
-    size = args["img_size"]
-    save_json(
-        {
-            "architecture": TIMM_ARCHITECTURE,
-            "num_classes": 0,
-            "num_features": args["embed_dim"],
-            "global_pool": "avg",
-            "model_args": args,
-            "pretrained_cfg": {
-                "input_size": [args["in_chans"], size, size],
-                "fixed_input_size": True,
-                # timm's eval transform then is this project's: shorter side resized, centre crop
-                "interpolation": "bilinear",
-                "crop_pct": 1.0,
-                "crop_mode": "center",
-                "mean": list(IMAGENET_MEAN),
-                "std": list(IMAGENET_STD),
-                "num_classes": 0,
-                "first_conv": "patch_embed.proj",
-                "classifier": "head",
-            },
-        },
-        folder / "config.json",
-    )
+    save_json(timm_config(args), folder / "config.json")
     return folder
+
+
+def timm_config(args: dict) -> dict:
+    """timm's ``config.json`` for ``model_args`` ``args`` (:func:`timm_model_args`, whose
+    ``num_classes`` it repeats): architecture, arguments and this project's preprocessing."""
+    size, classes = args["img_size"], args["num_classes"]
+    return {
+        "architecture": TIMM_ARCHITECTURE,
+        "num_classes": classes,
+        "num_features": args["embed_dim"],
+        "global_pool": "avg",
+        "model_args": args,
+        "pretrained_cfg": {
+            "input_size": [args["in_chans"], size, size],
+            "fixed_input_size": True,
+            # timm's eval transform then is this project's: shorter side resized, centre crop
+            "interpolation": "bilinear",
+            "crop_pct": 1.0,
+            "crop_mode": "center",
+            "mean": list(IMAGENET_MEAN),
+            "std": list(IMAGENET_STD),
+            "num_classes": classes,
+            "first_conv": "patch_embed.proj",
+            "classifier": "head",
+        },
+    }

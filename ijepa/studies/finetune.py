@@ -32,7 +32,7 @@ import shlex
 import statistics
 from pathlib import Path
 
-from ijepa.studies.dense import Log, logged
+from ijepa.studies.dense import Log, last_checkpoint, logged
 from ijepa.studies.evaluation import commit
 from ijepa.studies.learning import DATA, write_digits_folder
 
@@ -43,11 +43,6 @@ ROWS = ("pretrained", "student", "scratch", "probe")
 # the probe trains a linear head alone: no stochastic depth, a head's learning rate
 PROBE_ARGS = ("--model.trainable_blocks=0", "--model.drop_path_rate=0.0", "--model.optim.lr=0.01")
 GOAL = 0.05  # issue 58: pretrained at least 5 points over scratch with 10% labels, on every seed
-
-
-def last_checkpoint(run_dir: Path) -> Path | None:
-    found = sorted(run_dir.glob("lightning_logs/version_*/checkpoints/last.ckpt"))
-    return found[-1] if found else None
 
 
 def results_file(run_dir: Path) -> Path | None:
