@@ -117,6 +117,22 @@ def save_tiny_checkpoint(model: IJEPA, path: Path) -> Path:
     return path
 
 
+def end_distributed_run() -> None:
+    """The last line of a multi-process run script, once its results are on disk: every rank
+    meets, the process groups go, and the process leaves without interpreter finalization.
+    Gloo's and the TCP store's C++ threads can still be unwinding then, and on a loaded machine
+    that aborted rank zero (SIGABRT, "terminate called without an active exception") after every
+    result was written, failing the test on its exit code alone."""
+    import sys
+
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 @pytest.fixture
 def make_datamodule():
     """``tiny_datamodule``: ``make_datamodule(batch_size=16)`` states only what differs."""

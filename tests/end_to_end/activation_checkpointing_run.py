@@ -15,7 +15,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from conftest import TINY_CONFIG, tiny_trainer
+from conftest import TINY_CONFIG, end_distributed_run, tiny_trainer
 from fsdp_run import whole
 from torch.distributed.tensor import DTensor
 
@@ -83,8 +83,7 @@ def main(out: Path) -> None:
     for strategy in ("ddp", "fsdp2"):  # Lightning keeps the process group between the fits
         for setting in (0, 1):
             train(out, strategy, setting)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    end_distributed_run()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from conftest import TINY_MODEL, tiny_datamodule, tiny_trainer
+from conftest import TINY_MODEL, end_distributed_run, tiny_datamodule, tiny_trainer
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader
 
@@ -123,8 +123,7 @@ def main(out: Path, mode: str) -> None:
             "ema_exact": record.ema_exact,
         }
         (out / f"{mode}.json").write_text(json.dumps(report))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    end_distributed_run()
 
 
 if __name__ == "__main__":
