@@ -393,6 +393,22 @@ def refuse_student_without_teacher(checkpoint: dict, source: str, trainer, has_t
         )
 
 
+def refuse_teacher_switch(checkpoint: dict, source: str, teacher_policy: dict, has_teacher_network: bool) -> None:
+    """An EMA run's teacher is its target encoder; a frozen or stepwise teacher is a network of its
+    own (``teacher_network``). A checkpoint of one read by a model of the other would fail on
+    missing or unexpected keys (a frozen teacher's initial weights are not in an EMA checkpoint)."""
+    saved = checkpoint.get("hyper_parameters", {}).get("teacher_policy") or {}
+    stored = any(key.startswith("teacher_network.") for key in checkpoint.get("state_dict", {}))
+    if stored != has_teacher_network:
+        saved_name, asked = (str(r.get("class_path", "EMATeacher")).rsplit(".", 1)[-1] for r in (saved, teacher_policy))
+        raise ValueError(
+            f"{source} was trained with model.teacher_policy={saved_name} and this run "
+            f"asks for {asked}: an EMA teacher is the target encoder, a frozen or stepwise one a network "
+            "of its own, so a run cannot switch between them. Drop model.teacher_policy to go on with the "
+            "checkpoint's, or start a new run."
+        )
+
+
 def rng_states() -> dict:
     """The global RNG states a resumed run restores. The only global randomness of a step is
     stochastic depth; data order, augmentations and masks are seeded per sample

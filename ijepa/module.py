@@ -16,6 +16,7 @@ from ijepa.checkpoint import (
     adapt_checkpoint,
     non_finite_update,
     refuse_student_without_teacher,
+    refuse_teacher_switch,
     refuse_to_load_non_finite,
     refuse_to_save_non_finite,
     resolution_record,
@@ -84,9 +85,11 @@ class IJEPA(L.LightningModule):
         pos_options: the encoder position encoding's own options, e.g. ``{axis_order: row_col}``
             for sincos or ``{base: 10000}`` for rope_axial (the table in
             ``docs/position_embeddings.md`` lists each member's).
-        stem: how images become tokens: ``patch`` (one linear projection per patch) or ``conv``
-            (Xiao et al.'s stride-2 3x3 convolutions, :class:`ijepa.nn.stem.ConvStem`; ``patch_size``
-            a power of two >= 4; images only; no FlexiViT, packing or export: ``docs/training.md``).
+        stem: how images become tokens: ``patch`` (one linear projection per patch), ``conv``
+            (Xiao et al.'s stride-2 3x3 convolutions on the whole image, :class:`ijepa.nn.stem.ConvStem`)
+            or ``conv_in_patch`` (the same on each patch alone: no pixel of a masked patch reaches a
+            context token); ``patch_size`` a power of two >= 4; images only; no FlexiViT, packing or
+            export: ``docs/training.md``.
         predictor_embed_dim: predictor width.
         predictor_depth: predictor blocks.
         predictor_num_heads: predictor attention heads.
@@ -544,6 +547,7 @@ class IJEPA(L.LightningModule):
         source = f"ckpt_path={str(self.trainer.ckpt_path)!r}" if self._trainer is not None else "the checkpoint"
         refuse_to_load_non_finite(checkpoint, source)
         refuse_student_without_teacher(checkpoint, source, self._trainer, has_teacher=hasattr(self, "distill"))
+        refuse_teacher_switch(checkpoint, source, self.hparams.teacher_policy, self.teacher_network is not None)
         check_resumed_levels(checkpoint, self.target_blocks, self.hparams.depth)
         restore_rng_states(checkpoint.get("rng_states") if fitting else None)
         report = adapt_checkpoint(self, checkpoint, **self.position_interpolation)

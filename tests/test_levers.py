@@ -299,6 +299,33 @@ def test_a_stepwise_teacher_resumed_mid_run_continues_exactly(tmp_path):
         assert torch.equal(resumed.target[step], full.target[step]), step
 
 
+@pytest.mark.parametrize(
+    "saved, asked, message",
+    [
+        (EMATeacher(), FrozenTeacher(), "model.teacher_policy=EMATeacher and this run asks for FrozenTeacher"),
+        (StepwiseTeacher(every_n_steps=2), EMATeacher(), "StepwiseTeacher and this run asks for EMATeacher"),
+    ],
+)
+def test_resuming_with_a_teacher_of_the_other_kind_is_refused_in_one_line(tmp_path, saved, asked, message):
+    model, data, trainer = teacher_run(tmp_path, saved, TargetRecorder(), max_steps=2, checkpoints=True)
+    trainer.fit(model, datamodule=data)
+    model, data, trainer = teacher_run(tmp_path, asked, TargetRecorder(), max_steps=4, checkpoints=True)
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(model, datamodule=data, ckpt_path=next((tmp_path / "ckpt").glob("*step=2.ckpt")))
+
+
+def test_a_frozen_teacher_run_resumes_as_a_stepwise_one_keeping_its_teacher_network(tmp_path):
+    model, data, trainer = teacher_run(tmp_path, FrozenTeacher(), TargetRecorder(), max_steps=2, checkpoints=True)
+    trainer.fit(model, datamodule=data)
+    frozen = model.teacher_network.patch_embed.proj.weight.detach().clone()
+    recorder = TargetRecorder()
+    model, data, trainer = teacher_run(
+        tmp_path, StepwiseTeacher(every_n_steps=4), recorder, max_steps=4, checkpoints=True
+    )
+    trainer.fit(model, datamodule=data, ckpt_path=next((tmp_path / "ckpt").glob("*step=2.ckpt")))
+    assert torch.equal(recorder.teacher[3], frozen) and torch.equal(recorder.teacher[4], recorder.online[4])
+
+
 def test_the_teacher_policy_is_recorded_and_rebuilt_from_the_checkpoint_hyperparameters():
     model = IJEPA(**TINY_MODEL, teacher_policy=StepwiseTeacher(every_n_steps=5))
     record = model.hparams.teacher_policy

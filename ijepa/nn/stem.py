@@ -4,6 +4,12 @@ In place of the ViT's one ``patch_size`` x ``patch_size`` projection (:class:`~i
 ``k = log2(patch_size)`` stride-2 3x3 convolutions, each normalised and followed by GELU, then a
 1x1 convolution to the width. The tokens are on the patch grid, row-major, as ``PatchEmbed``'s.
 
+Two ways to run it (``model.stem``): ``conv`` embeds the image whole, as Xiao et al. do, so a
+token's 3x3 windows reach into the patches above and to its left; ``conv_in_patch`` runs the same
+convolutions on each patch alone (zero padding at the patch border), so a token sees its own patch
+only, as a patch projection's does. A masked-prediction objective needs the second: with the first,
+a context token next to a target block sees pixels of that (masked) target.
+
 The stem has no patch kernel: what reads one (FlexiViT's per-call patch sizes, NaViT's packed
 patches, a patch-size change on load, the exports to formats that hold a patch projection) is
 refused by :func:`refuse_conv_stem`, in one line.
@@ -19,7 +25,7 @@ import torch.nn as nn
 from ijepa.nn.patch import grid_size
 
 # ``model.stem``: the token embedding of an image encoder.
-STEMS = ("patch", "conv")
+STEMS = ("patch", "conv", "conv_in_patch")
 # Stage widths are rounded up to a multiple of this and are at least MIN_WIDTH channels, so that
 # small encoders (embed_dim 64 at patch 16: 8, 16, 32, 64) still get stages wide enough to see.
 WIDTH_MULTIPLE = 8
@@ -89,10 +95,17 @@ class ConvStem(nn.Module):
     It offers what the encoder and its callers read of a patch embedding: ``grid``,
     ``image_size``, ``patch_size``, ``num_patches``, ``in_channels`` and ``embed_dim``; it has no
     ``proj`` (no kernel to resize or export).
+
+    ``within_patch``: the convolutions run on each ``P x P`` patch alone (``[B * N, C, P, P]``, zero
+    padding at its border), so token ``(r, c)`` sees exactly its own patch; the weights are the same
+    shapes either way.
     """
 
-    def __init__(self, image_size: int, patch_size: int, in_channels: int = 3, embed_dim: int = 192):
+    def __init__(
+        self, image_size: int, patch_size: int, in_channels: int = 3, embed_dim: int = 192, within_patch: bool = False
+    ):
         super().__init__()
+        self.within_patch = bool(within_patch)
         widths = stem_widths(patch_size, embed_dim)
         side = grid_size(image_size, patch_size)
         self.grid = (side, side)
@@ -119,6 +132,11 @@ class ConvStem(nn.Module):
                 f"images are {h}x{w}, the model was built for image_size={self.image_size} "
                 f"(resize the data or rebuild the model)."
             )
+        if self.within_patch:  # [B, C, H, W] -> [B * N, C, P, P], row-major patches -> [B * N, D, 1, 1]
+            b, c, p = images.size(0), self.in_channels, self.patch_size
+            rows, cols = self.grid
+            patches = images.reshape(b, c, rows, p, cols, p).permute(0, 2, 4, 1, 3, 5).reshape(-1, c, p, p)
+            return self.pointwise(self.stages(patches)).reshape(b, rows * cols, self.embed_dim)
         return self.pointwise(self.stages(images)).flatten(2).transpose(1, 2)  # [B, D, H', W'] -> [B, N, D]
 
 
@@ -128,5 +146,5 @@ def refuse_conv_stem(embedding: nn.Module, what: str) -> None:
     if isinstance(embedding, ConvStem):
         raise ValueError(
             f"{what} needs a patch projection's kernel, and this encoder has a convolutional stem "
-            "(model.stem: conv), which has none: only stem='patch' encoders can."
+            "(model.stem: conv or conv_in_patch), which has none: only stem='patch' encoders can."
         )

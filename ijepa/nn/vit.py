@@ -265,11 +265,15 @@ class VisionTransformer(nn.Module):
     ) -> VisionTransformer:
         """An image encoder: ``patch_size`` x ``patch_size`` patches of ``image_size`` squares,
         embedded by ``stem``: ``patch`` (one linear projection per patch, :class:`PatchEmbed`) or
-        ``conv`` (Xiao et al.'s stride-2 convolutions, :class:`~ijepa.nn.stem.ConvStem`);
-        ``args`` and ``options`` as the constructor's (``depth``, ``num_heads``, ...)."""
+        ``conv`` (Xiao et al.'s stride-2 convolutions on the whole image, :class:`~ijepa.nn.stem.ConvStem`)
+        or ``conv_in_patch`` (the same on each patch alone); ``args`` and ``options`` as the
+        constructor's (``depth``, ``num_heads``, ...)."""
         check_stem(stem)
-        embed = ConvStem if stem == "conv" else PatchEmbed
-        return cls(embed(image_size, patch_size, in_channels, embed_dim), *args, **options)
+        if stem == "patch":
+            embed = PatchEmbed(image_size, patch_size, in_channels, embed_dim)
+        else:
+            embed = ConvStem(image_size, patch_size, in_channels, embed_dim, within_patch=stem == "conv_in_patch")
+        return cls(embed, *args, **options)
 
     @classmethod
     def for_clips(

@@ -2,8 +2,11 @@
 every image position member, a receptive field that covers the patch, and a clear refusal from
 everything that needs a patch projection's kernel."""
 
+import itertools
+
 import pytest
 import torch
+import yaml
 from conftest import ROOT, TINY_CLIP_MODEL, TINY_MODEL
 from helpers import one_line
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -82,6 +85,37 @@ def test_conv_stem_token_sees_its_whole_patch_and_up_to_p_minus_1_pixels_above_a
             assert not torch.allclose(stem(changed)[0, r * side + c], stem(x.detach())[0, r * side + c])
 
 
+@pytest.mark.parametrize("p, side", [(8, 4), (4, 5), (16, 2)])
+def test_conv_in_patch_token_sees_exactly_its_own_patch_and_equals_the_stem_on_that_patch_alone(p, side):
+    torch.manual_seed(0)
+    stem = ConvStem(p * side, p, 3, 32, within_patch=True)
+    x = images(p * side, count=2).requires_grad_()
+    r, c = side - 1, side // 2
+    stem(x)[1, r * side + c].square().sum().backward()
+    seen = x.grad[1].abs().sum(0) > 0  # [H, W]
+    expected = torch.zeros_like(seen)
+    expected[p * r : p * r + p, p * c : p * c + p] = True
+    assert torch.equal(seen, expected) and x.grad[0].abs().sum() == 0
+    # each token is the whole-image stem run on an image that is its patch alone
+    with torch.no_grad():
+        tokens = stem(x)
+        whole = ConvStem(p, p, 3, 32)
+        whole.load_state_dict(stem.state_dict())
+        for b, (i, j) in itertools.product((0, 1), ((0, 0), (r, c), (side - 1, side - 1))):
+            alone = x[b : b + 1, :, p * i : p * i + p, p * j : p * j + p]
+            torch.testing.assert_close(tokens[b, i * side + j], whole(alone)[0, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_conv_stem_ablation_runs_the_stem_inside_each_patch_and_conv_stays_whole_image():
+    torch.manual_seed(0)
+    in_patch = VisionTransformer.for_images(32, 8, 3, 32, 1, 2, stem="conv_in_patch")
+    whole = VisionTransformer.for_images(32, 8, 3, 32, 1, 2, stem="conv")
+    assert in_patch.patch_embed.within_patch and not whole.patch_embed.within_patch
+    assert yaml.safe_load((ROOT / "configs" / "ablations" / "conv_stem.yaml").read_text())["model"]["stem"] == (
+        "conv_in_patch"
+    )
+
+
 def test_conv_stem_tokens_are_row_major_as_patch_embed_tokens():
     torch.manual_seed(0)
     p, side = 8, 4
@@ -102,7 +136,9 @@ def test_conv_stem_refuses_a_patch_size_that_is_not_a_power_of_two_of_at_least_4
 
 
 def test_an_unknown_stem_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match=r"^stem must be one of \('patch', 'conv'\), got 'convolution'\.$"):
+    with pytest.raises(
+        ValueError, match=r"^stem must be one of \('patch', 'conv', 'conv_in_patch'\), got 'convolution'\.$"
+    ):
         IJEPA(**{**TINY_MODEL, "stem": "convolution"})
 
 
