@@ -595,3 +595,28 @@ def test_dense_study_writes_fashion_from_the_package_it_is_given(monkeypatch, tm
     folder = (tmp_path / "study" / "fashion_folder").resolve()
     assert len(list((folder / "train").rglob("*.png"))) == 2000 and len(list((folder / "val").rglob("*.png"))) == 500
     assert f"--data.source.root={folder}" in commands[0] and "--data.source=ijepa.data.ImageFolderSource" in commands[0]
+
+
+def test_dense_study_runs_only_the_evaluations_asked_for_variants_and_baselines_alike(monkeypatch, tmp_path):
+    from ijepa.studies import dense
+
+    commands = []
+
+    def fake_logged(command, log_path, log):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        commands.append(command)
+        return 1.0
+
+    monkeypatch.setattr(dense, "logged", fake_logged)
+    monkeypatch.setattr(dense, "last_checkpoint", lambda folder: folder / "last.ckpt")
+    args = ["run", "--root", str(tmp_path), "--seeds", "0", "--variants", "recipe"]
+    dense.main([*args, "--evals", "linear"])
+    evals = [c[c.index("--output_dir") + 1] for c in commands if c[:2] == ["ijepa", "eval"]]
+    assert sorted(Path(e).relative_to(tmp_path / "shapes").as_posix() for e in evals) == [
+        "pixels_s0/eval/linear",
+        "random_init_s0/eval/linear",
+        "recipe_s0/eval/linear",
+    ]
+    commands.clear()
+    dense.main([*args, "--fit-only"])  # the fit is done (its wall time written): nothing left to run
+    assert commands == []

@@ -21,7 +21,8 @@ the steps then ``ijepa distill`` against it (``configs/distill/salt.yaml``) for 
 
 A rerun skips what is done, so a study can grow a seed or a variant at a time; ``--baselines``
 names the untrained rows to score (``random_init``, ``pixels``; none: only the variants);
-``--fit-only`` trains without evaluating (the in-fit probes' columns only).
+``--fit-only`` trains without evaluating (the in-fit probes' columns only); ``--evals linear`` runs the linear
+``ijepa eval`` alone (about 30 s an encoder here; the dense protocols take 10-15 minutes).
 
 ``--data digits`` trains on scikit-learn's digits (``ijepa.studies.learning.write_digits_folder``,
 ``pip install scikit-learn``) and segments the ink (class digit + 1) from the background;
@@ -269,6 +270,11 @@ def logged(command: list[str], log_file: Path, log: Log) -> float:
     return time.perf_counter() - start
 
 
+# the evaluations of one encoder: `ijepa eval` with the linear grid (about 30 s here), and the
+# dense protocols (segmentation and counting, 10-15 minutes)
+EVALS = ("linear", "dense")
+
+
 def evaluate(
     folder: Path,
     checkpoint: str,
@@ -278,10 +284,13 @@ def evaluate(
     extra: list[str],
     log: Log,
     image_size: int | None = None,
+    names: tuple[str, ...] = EVALS,
 ):
-    """Both evaluations of one encoder, each unless its results are there already; ``image_size``
-    (the pixel baseline's) for a config without its own ``data.image_size``."""
+    """The evaluations ``names`` of one encoder, each unless its results are there already;
+    ``image_size`` (the pixel baseline's) for a config without its own ``data.image_size``."""
     for name, files in expected_results(data).items():
+        if name not in names:
+            continue
         out = folder / "eval" / name
         if all((out / f).is_file() for f in files):
             continue
@@ -308,6 +317,7 @@ def run(args: argparse.Namespace) -> None:
     configs = eval_configs(data_root, args.data, folder, masks, args.eval_epochs)
     fit_extra, eval_extra = tuple(shlex.split(args.fit_args)), shlex.split(args.eval_args)
     log = Log(data_root)
+    evals = () if args.fit_only else tuple(args.evals)
     for seed in args.seeds:
         for variant in args.variants:
             run_dir = data_root / f"{variant}_s{seed}"
@@ -323,8 +333,8 @@ def run(args: argparse.Namespace) -> None:
                     command = fit_command(variant, seed, data_root, args.data, folder, tuple(args.best), fit_extra)
                     wall_s = logged(command, run_dir / "fit.log", log)
                 timing.write_text(json.dumps({"wall_s": wall_s}) + "\n")
-            if not args.fit_only:
-                evaluate(run_dir, str(last_checkpoint(run_dir)), configs, args.data, seed, eval_extra, log)
+            if evals:
+                evaluate(run_dir, str(last_checkpoint(run_dir)), configs, args.data, seed, eval_extra, log, names=evals)
         if not args.baselines:
             continue
         # the recipe at its step 0: the same config, data and seed as its run
@@ -337,11 +347,11 @@ def run(args: argparse.Namespace) -> None:
                 random_dir.mkdir(parents=True, exist_ok=True)
                 log.add(f"# ijepa.cli.instantiate({FIT_CONFIG!r}, {overrides!r}) -> {random_init}")
                 save_lightning_checkpoint(model, random_init)
-            evaluate(random_dir, str(random_init), configs, args.data, seed, eval_extra, log)
+            evaluate(random_dir, str(random_init), configs, args.data, seed, eval_extra, log, names=evals)
         if BASELINES["pixels"] in args.baselines:
             pixels_dir = data_root / f"{BASELINES['pixels']}_s{seed}"
             size = model.hparams.image_size  # where the config has none (the dense one evaluates at 96 px)
-            evaluate(pixels_dir, "pixels", configs, args.data, seed, eval_extra, log, image_size=size)
+            evaluate(pixels_dir, "pixels", configs, args.data, seed, eval_extra, log, size, evals)
 
 
 def eval_scores(folder: Path) -> dict[str, float]:
@@ -458,6 +468,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-epochs", type=int, help="every protocol's epochs (the configs are then written)")
     parser.add_argument(
         "--fit-only", action="store_true", help="train the variants, evaluate none (in-fit probes only)"
+    )
+    parser.add_argument(
+        "--evals", nargs="+", choices=EVALS, default=list(EVALS), help="the ijepa eval runs of each encoder"
     )
     parser.add_argument(
         "--fashion-package",
