@@ -22,7 +22,7 @@ the steps then ``ijepa distill`` against it (``configs/distill/salt.yaml``) for 
 A rerun skips what is done, so a study can grow a seed or a variant at a time; ``--baselines``
 names the untrained rows to score (``random_init``, ``pixels``; none: only the variants);
 ``--fit-only`` trains without evaluating (the in-fit probes' columns only); ``--evals linear`` runs the linear
-``ijepa eval`` alone (about 30 s an encoder here; the dense protocols take 10-15 minutes).
+``ijepa eval`` alone, far quicker than the dense protocols (docs/training.md).
 
 ``--data digits`` trains on scikit-learn's digits (``ijepa.studies.learning.write_digits_folder``,
 ``pip install scikit-learn``) and segments the ink (class digit + 1) from the background;
@@ -270,8 +270,8 @@ def logged(command: list[str], log_file: Path, log: Log) -> float:
     return time.perf_counter() - start
 
 
-# the evaluations of one encoder: `ijepa eval` with the linear grid (about 30 s here), and the
-# dense protocols (segmentation and counting, 10-15 minutes)
+# the evaluations of one encoder: `ijepa eval` with the linear grid, and the dense protocols
+# (segmentation and counting)
 EVALS = ("linear", "dense")
 
 
