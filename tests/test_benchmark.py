@@ -59,6 +59,17 @@ def test_seed_style_baseline_matches_the_model_on_sincos_and_learned():
             torch.testing.assert_close(SeedIJEPA(model).loss(batch), model.jepa_loss(batch), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("stem", ["conv", "conv_in_patch"])
+def test_seed_style_baseline_and_the_kernel_resize_refuse_a_conv_stem_in_one_line(stem):
+    from ijepa.studies.resolution import patch_resize_error
+
+    model = IJEPA(**{**TINY_MODEL, "stem": stem})
+    with pytest.raises(ValueError, match="seed-style baseline.*model.stem"):
+        SeedIJEPA(model)
+    with pytest.raises(ValueError, match="--patch-sizes 8.*model.stem"):
+        patch_resize_error(model, torch.randn(2, 3, 32, 32), 8)
+
+
 def test_python_masks_are_valid():
     context, targets = python_masks(5, 6, num_blocks=3, min_keep=4)
     assert context.shape[0] == 5 and targets.shape[:2] == (5, 3) and context.shape[1] >= 4

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ijepa.data.batch import GridBatch
 from ijepa.nn.position import AdditivePosition, PositionEncoding
+from ijepa.nn.stem import refuse_conv_stem
 
 
 def check_indices_item(indices: torch.Tensor, num_patches: int) -> None:
@@ -79,6 +80,7 @@ def _table(position: PositionEncoding) -> torch.Tensor | None:
 class SeedEncoder(nn.Module):
     def __init__(self, source: nn.Module):
         super().__init__()
+        refuse_conv_stem(source.patch_embed, "the seed-style baseline (one strided convolution, as the official code)")
         self.patch_embed = nn.Conv2d(
             source.patch_embed.proj.in_channels,
             source.embed_dim,

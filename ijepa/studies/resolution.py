@@ -32,6 +32,7 @@ from ijepa.legacy import upgrade_data_hparams
 from ijepa.masks import MultiBlockMasks
 from ijepa.module import IJEPA
 from ijepa.nn.resize import resize_patch, resize_patch_embed_kernel
+from ijepa.nn.stem import refuse_conv_stem
 
 # Masks are not used by the probe; min_keep=1 keeps small grids valid.
 LOOSE_MASKS = {"masks": MultiBlockMasks(min_keep=1)}
@@ -59,6 +60,7 @@ def patch_resize_error(model: IJEPA, images: torch.Tensor, new_patch_size: int) 
     """Relative error ``|t' - t| / |t|`` of patch tokens (before positions) when the patch
     kernel is resized to ``new_patch_size`` with FlexiViT's pseudo-inverse and every patch of
     ``images [B, C, H, W]`` with :func:`resize_patch` (0 up to rounding when the patch grows)."""
+    refuse_conv_stem(model.target_encoder.patch_embed, f"--patch-sizes {new_patch_size} (FlexiViT's kernel resize)")
     proj = model.target_encoder.patch_embed.proj
     p = proj.kernel_size[0]
     patches = images.unfold(2, p, p).unfold(3, p, p).permute(0, 2, 3, 1, 4, 5).reshape(-1, images.size(1), p, p)
