@@ -63,7 +63,12 @@ def parse(requirement: str) -> tuple[str, set[str], str, str]:
     if match is None:
         raise ValueError(f"not a requirement: {requirement!r}")
     name, extras, specifier = match.groups()
-    return normalise(name), {e.strip() for e in (extras or "").split(",") if e.strip()}, specifier.strip(), marker.strip()
+    return (
+        normalise(name),
+        {e.strip() for e in (extras or "").split(",") if e.strip()},
+        specifier.strip(),
+        marker.strip(),
+    )
 
 
 def needs(wheel: Path, extras: set[str]) -> list[str]:
