@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--no-static", dest="static", action="store_false", help="skip the static-shape compiled step (CUDA graphs)"
     )
+    parser.add_argument(
+        "--compile-backend", default=None, help="torch.compile backend of the static step (default inductor)"
+    )
     args, extra = parser.parse_known_args(argv)  # e.g. --model.compile=true, passed to every model
     args.extra = extra
     peak = args.peak_tflops
@@ -82,6 +85,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 args.device,
                 *([] if args.knn else ["--no-knn"]),
                 *(["--static-compiled", "--compile-mode", "reduce-overhead"] if args.static else []),
+                *(["--compile-backend", args.compile_backend] if args.static and args.compile_backend else []),
                 *(["--peak-tflops", str(peak)] if peak else []),
             ]
         )

@@ -199,11 +199,14 @@ TOY_MODEL = [
 
 @part("step", limit_s=140, dry_limit_s=240)
 def step(settings: Settings, limit_s: float) -> list[str]:
-    """The training step of :mod:`ijepa.benchmark.gpu`; the two goals' models first."""
+    """The training step of :mod:`ijepa.benchmark.gpu`; the two goals' models first. The dry run
+    compiles with ``aot_eager`` (the same tracing of static shapes, forward and backward, without
+    inductor's C++ builds, which take minutes on a loaded CPU)."""
     command = [settings.python, "-m", "ijepa.benchmark.gpu", "--models", "vit_tiny_96", "vit_base16_224"]
     if settings.dry_run:
         return [*command, "--device", "cpu", "--precision", "32-true", "--steps", "2", "--warmup", "1",
-                "--peak-tflops", "1", "--no-knn", "--trainer.accelerator=cpu", *TOY_MODEL]  # fmt: skip
+                "--peak-tflops", "1", "--no-knn", "--trainer.accelerator=cpu", "--compile-backend", "aot_eager",
+                *TOY_MODEL]  # fmt: skip
     return [*command, "vit_small_96"]
 
 
