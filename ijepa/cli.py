@@ -29,6 +29,7 @@ from ijepa.callbacks.features import FeatureWriter
 from ijepa.callbacks.final_checkpoint import FinalCheckpoint
 from ijepa.callbacks.rank_watchdog import RankWatchdog
 from ijepa.checkpoint import AtomicCheckpointIO, unwritable
+from ijepa.config_paths import resolve_data_paths
 from ijepa.data import shards
 from ijepa.data.datamodule import IJEPADataModule
 from ijepa.distill import DistillIJEPA
@@ -91,6 +92,7 @@ class IJEPACLI(LightningCLI):
                 "stop by trainer.max_epochs. To score a checkpoint, use ijepa validate or ijepa eval."
             )
         if subcommand:  # devices, nodes and data folders, before any class is built or process launched
+            resolve_data_paths(self.config[subcommand])  # a config's data folders, from the config's folder
             check_run(self.config[subcommand])
         if subcommand in ("validate", "test", "predict") and not self.config[subcommand].get("ckpt_path"):
             rank_zero_warn(

@@ -24,6 +24,7 @@ weights would keep teaching under the new one's name).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from pathlib import Path
 from typing import Literal
@@ -43,6 +44,7 @@ from ijepa.module import IJEPA
 from ijepa.nn.checks import check_range
 from ijepa.nn.vit import DropPath, VisionTransformer
 from ijepa.step import StepOutput, step_targets, target_blocks
+from ijepa.teachers import teacher_from_config
 
 OBJECTIVES = ("jepa", "features")
 
@@ -175,6 +177,12 @@ class DistillIJEPA(IJEPA):
             check_range(teacher_image_size, "teacher_image_size", 1)
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}.")
+        policy = kwargs.get("teacher_policy")
+        if policy is not None and not teacher_from_config(copy.deepcopy(policy)).by_ema:
+            raise ValueError(
+                f"teacher_policy={teacher_from_config(copy.deepcopy(policy))!r}: ijepa distill's teacher is "
+                "model.teacher (frozen, read from that checkpoint); model.teacher_policy is ijepa fit's. Drop it."
+            )
         network, kind, digest = read_teacher(teacher, teacher_encoder, teacher_image_size)
         width = network.embed_dim
         if kwargs.get("target_dim") not in (None, width):

@@ -557,6 +557,8 @@ class IJEPA(L.LightningModule):
     def on_train_start(self) -> None:
         if self.trainer.ckpt_path:
             rebase_schedulers([config.scheduler for config in self.trainer.lr_scheduler_configs], self.optim)
+        if warning := self.teacher_policy.run_warning(self.trainer.estimated_stepping_batches):
+            rank_zero_warn(warning)
         # Any callback that declares it moves the target (EMATargetUpdate does) will do.
         if self.target_by_ema and not any(
             getattr(cb, "updates_target_encoder", False) for cb in self.trainer.callbacks

@@ -7,6 +7,7 @@ in [0, 1]; maps over the patch grid are ``[G_h, G_w]``, row-major (``i = r * G_w
 * :func:`patch_grid_image`: an image with its patch grid and patch indices drawn on it;
 * :func:`mask_overlay` / :func:`clip_mask_overlay`: context and target blocks tinted over images or clips;
 * :func:`cosine_similarity_grid`: ViT's Figure 7 for a position table;
+* :func:`enlarged`: an image blown up to a readable size (at least 256 px a side in TensorBoard);
 * :func:`line_chart`: panels of lines with error bars (the studies' figures);
 * :func:`to_png`: PNG bytes for a notebook or a file.
 """
@@ -148,21 +149,35 @@ def clip_mask_overlay(
     return tinted.permute(0, 1, 3, 2, 4).reshape(batch, 3, height, grid_t * width)
 
 
-def cosine_similarity_grid(table: torch.Tensor, grid_height: int, grid_width: int, pad: int = 1) -> torch.Tensor:
+def cosine_similarity_grid(
+    table: torch.Tensor, grid_height: int, grid_width: int, pad: int = 1, own_range: bool = False
+) -> torch.Tensor:
     """ViT's Figure 7: for every position ``(r, c)`` a ``grid_height x grid_width`` tile of the
     cosine similarity of its embedding with every position, tiles laid out on the grid.
 
-    ``table [N, D] -> image [1, H * (h + pad) - pad, W * (w + pad) - pad]`` with values in [0, 1]
-    (similarity mapped from [-1, 1]); padding is 0.
+    ``table [N, D] -> image [1, H * (h + pad) - pad, W * (w + pad) - pad]`` with values in [0, 1]:
+    the similarity mapped from [-1, 1], or with ``own_range`` from the table's own lowest to
+    highest similarity (sinusoidal tables span a narrow band near 1, which the fixed range shows
+    as one white square); padding is 0.
     """
     n = grid_height * grid_width
     if table.dim() != 2 or table.size(0) != n:
         raise ValueError(f"table must be [{n}, D] for a {grid_height}x{grid_width} grid, got {tuple(table.shape)}.")
     unit = F.normalize(table.detach().float(), dim=1)
-    tiles = ((unit @ unit.T + 1) / 2).view(grid_height, grid_width, grid_height, grid_width)
+    similarity = unit @ unit.T
+    low, high = (similarity.min(), similarity.max()) if own_range else (-1.0, 1.0)
+    tiles = ((similarity - low) / max(float(high - low), 1e-12)).view(grid_height, grid_width, grid_height, grid_width)
     tiles = F.pad(tiles, (0, pad, 0, pad))  # pad each tile's right and bottom
     image = tiles.permute(0, 2, 1, 3).reshape(grid_height * (grid_height + pad), grid_width * (grid_width + pad))
     return image[: image.size(0) - pad, : image.size(1) - pad].unsqueeze(0)
+
+
+def enlarged(image: torch.Tensor, min_side: int = 256) -> torch.Tensor:
+    """``image [C, H, W]`` enlarged by the smallest whole factor that gives its short side at
+    least ``min_side`` pixels, each pixel a block (no smoothing across cells); as it is when
+    already that large. What the TensorBoard callbacks log: a 6 x 6 grid is readable."""
+    factor = max(1, math.ceil(min_side / min(image.shape[-2:])))
+    return image.repeat_interleave(factor, -2).repeat_interleave(factor, -1) if factor > 1 else image
 
 
 # Line colours of line_chart (RGB 0-255), distinct on white.

@@ -91,23 +91,24 @@ def names_cluster(plugins) -> bool:
     return False
 
 
-def check_devices(accelerator, devices, num_nodes=1) -> None:
+def check_devices(accelerator, devices, num_nodes=1, prefix: str = "trainer.") -> None:
     """Refuse a run that asks this machine for more devices than it has: GPUs where there are
-    none or fewer, CPU processes beyond the CPU cores (the tests' DDP runs two on two cores)."""
+    none or fewer, CPU processes beyond the CPU cores (the tests' DDP runs two on two cores).
+    ``prefix``: how the options are named (``trainer.`` for the Lightning CLIs, none for ``ijepa eval``)."""
     kind = resolved_accelerator(accelerator)
     if kind is None:
         return
     cores = cpu_cores()
-    shown = f"trainer.accelerator={'auto' if accelerator is None else accelerator}"
+    shown = f"{prefix}accelerator={'auto' if accelerator is None else accelerator}"
     asked = requested_devices("auto" if devices is None else devices, kind)
     nodes = node_count(num_nodes)
     cuda = num_cuda_devices()
     if kind == "none" or (kind == "cuda" and cuda == 0):
-        total = f", trainer.num_nodes={nodes} ({asked[0]} x {nodes} = {asked[0] * nodes} GPUs)" if asked else ""
+        total = f", {prefix}num_nodes={nodes} ({asked[0]} x {nodes} = {asked[0] * nodes} GPUs)" if asked else ""
         raise OptionError(
-            f"{shown} with trainer.devices={devices}{total if nodes > 1 else ''}: this machine has no GPU (0 CUDA "
-            f"devices); run it where there are GPUs, or here with --trainer.accelerator cpu --trainer.devices 1 "
-            f"(at most {cores}, its CPU cores) --trainer.num_nodes 1."
+            f"{shown} with {prefix}devices={devices}{total if nodes > 1 else ''}: this machine has no GPU (0 CUDA "
+            f"devices); run it where there are GPUs, or here with --{prefix}accelerator cpu --{prefix}devices 1 "
+            f"(at most {cores}, its CPU cores) --{prefix}num_nodes 1."
         )
     if asked is None:
         return
@@ -118,8 +119,8 @@ def check_devices(accelerator, devices, num_nodes=1) -> None:
         what += "s" if available != 1 else ""
         valid = ("1" if available == 1 else f"1 to {available}") + (", or -1 for all" if kind == "cuda" else "")
         raise OptionError(
-            f"trainer.devices={devices}{index} with {shown}: this machine has {available} {what}, so "
-            f"trainer.devices must be {valid} here" + (" (each device is a process)" if kind == "cpu" else "") + "."
+            f"{prefix}devices={devices}{index} with {shown}: this machine has {available} {what}, so "
+            f"{prefix}devices must be {valid} here" + (" (each device is a process)" if kind == "cpu" else "") + "."
         )
 
 
@@ -127,7 +128,7 @@ def node_count(num_nodes) -> int:
     return num_nodes if isinstance(num_nodes, int) and not isinstance(num_nodes, bool) else 1
 
 
-def check_nodes(num_nodes, devices, cluster: bool = False) -> None:
+def check_nodes(num_nodes, devices, cluster: bool = False, prefix: str = "trainer.") -> None:
     """Refuse ``trainer.num_nodes > 1`` where nothing starts the other nodes: no cluster
     environment Lightning detects, none named in ``trainer.plugins`` (``cluster``), no variables
     of a launch by hand. The processes of this node would wait for the others forever."""
@@ -135,9 +136,9 @@ def check_nodes(num_nodes, devices, cluster: bool = False) -> None:
     launched = cluster or any(env.detect() for env in CLUSTERS) or any(v in os.environ for v in NODE_VARIABLES)
     if nodes > 1 and not launched:
         raise OptionError(
-            f"trainer.num_nodes={nodes} (with trainer.devices={devices} each): nothing starts the other {nodes - 1} "
+            f"{prefix}num_nodes={nodes} (with {prefix}devices={devices} each): nothing starts the other {nodes - 1} "
             f"node(s) (no SLURM, torchrun, LSF or MPI job, no {' or '.join(NODE_VARIABLES)} set), so this node's "
-            "processes would wait for them forever; trainer.num_nodes must be 1 here, or launch the run on every "
+            f"processes would wait for them forever; {prefix}num_nodes must be 1 here, or launch the run on every "
             "node (srun, torchrun, ijepa submit --nodes)."
         )
 

@@ -46,6 +46,10 @@ class TeacherPolicy:
         target encoder set to the online one (what readers read); subclasses move the teacher."""
         copy_weights_(model.target_encoder, model.encoder)
 
+    def run_warning(self, steps: float) -> str | None:
+        """What to warn of at the start of a run of ``steps`` optimizer steps (None: nothing)."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in self.options.items())})"
 
@@ -76,6 +80,16 @@ class StepwiseTeacher(TeacherPolicy):
         check_range(every_n_steps, "StepwiseTeacher every_n_steps", 1)
         super().__init__(every_n_steps=every_n_steps)
         self.every_n_steps = int(every_n_steps)
+
+    def run_warning(self, steps: float) -> str | None:
+        # a copy at the last step (or none at all) teaches nothing: the run has a frozen teacher
+        if 0 < steps <= self.every_n_steps:
+            return (
+                f"model.teacher_policy: StepwiseTeacher every_n_steps={self.every_n_steps} is not below the run's "
+                f"{int(steps)} optimizer steps: the teacher is never refreshed while it teaches (a frozen teacher). "
+                f"Set every_n_steps below {int(steps)}, or use FrozenTeacher."
+            )
+        return None
 
     def after_step(self, model: torch.nn.Module, step: int) -> None:
         super().after_step(model, step)

@@ -300,3 +300,15 @@ def test_the_per_position_loss_map_adds_up_to_the_students_loss(teacher_path, ob
     if objective == "features":  # every token of every image is predicted once
         assert torch.equal(count, torch.full((16,), float(len(batch.images))))
     torch.testing.assert_close(loss_sum.sum() / count.sum(), student.jepa_loss(batch), rtol=1e-6, atol=0)
+
+
+def test_distill_refuses_a_teacher_policy_its_teacher_would_ignore(teacher_path):
+    from ijepa.teachers import FrozenTeacher, StepwiseTeacher
+
+    for policy in (FrozenTeacher(), StepwiseTeacher(every_n_steps=2), {"class_path": "ijepa.teachers.FrozenTeacher"}):
+        with pytest.raises(ValueError, match=r"ijepa distill's teacher is model.teacher .*model.teacher_policy is ijepa fit's"):
+            DistillIJEPA(teacher=str(teacher_path), teacher_policy=policy, **STUDENT)
+    student = DistillIJEPA(teacher=str(teacher_path), **STUDENT)  # the default, as a resume reads it back
+    assert student.teacher_network is None
+    again = DistillIJEPA(teacher=str(teacher_path), teacher_policy=student.hparams.teacher_policy, **STUDENT)
+    assert again.teacher_network is None

@@ -5,6 +5,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import TESTS
 
 END_TO_END = TESTS / "end_to_end"
@@ -87,3 +88,22 @@ def test_test_file_basenames_are_unique_and_no_test_module_imports_another():
 def test_the_layout_check_reads_a_slow_mark_wherever_it_is_written(source, slow):
     tree = ast.parse(source)
     assert [module_is_slow(tree) or marked for _, marked in functions_of(tree)] == [slow]
+
+
+def test_a_deprecation_met_by_the_projects_own_code_fails_the_test(tmp_path):
+    # pyproject's filterwarnings: error::DeprecationWarning:ijepa.* (the next deprecation is seen the day it appears)
+    import warnings
+
+    with pytest.raises(DeprecationWarning, match="old API"):
+        warnings.warn_explicit("old API", DeprecationWarning, filename="ijepa/x.py", lineno=1, module="ijepa.x")
+    warnings.warn_explicit("theirs", DeprecationWarning, filename="lib.py", lineno=1, module="somelib")  # not ours
+    # the studies' image folders are written without one (torchvision's encoders: deprecated since 0.29)
+    from ijepa.studies.learning import write_png
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_png(torch.zeros(3, 4, 4, dtype=torch.uint8), tmp_path / "a.png")
+        write_png(torch.zeros(1, 4, 4, dtype=torch.uint8), tmp_path / "m.png")
+    from PIL import Image
+
+    assert Image.open(tmp_path / "a.png").mode == "RGB" and Image.open(tmp_path / "m.png").mode == "L"

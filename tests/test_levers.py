@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -365,3 +366,16 @@ def test_every_objective_kind_has_a_lever_config_or_is_v_jepa_2_1s():
         if kind.__module__.endswith("vjepa21"):
             continue  # the dense study's levers (ijepa.studies.dense)
         assert any(kind.__name__ in text for text in configured), kind.__name__
+
+
+def test_a_stepwise_teacher_refreshed_no_sooner_than_the_run_ends_is_warned(tmp_path):
+    # every_n_steps 7 in a 7-step run: the one copy comes after the last step that uses the teacher
+    for every, warned in ((7, True), (9, True), (3, False)):
+        model, data, trainer = teacher_run(tmp_path / str(every), StepwiseTeacher(every_n_steps=every), TargetRecorder())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(model, datamodule=data)
+        found = [str(w.message) for w in caught if "StepwiseTeacher every_n_steps" in str(w.message)]
+        assert bool(found) == warned, (every, found)
+        if warned:
+            assert f"every_n_steps={every} is not below the run's 7 optimizer steps" in found[0]

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 import yaml
 
 from ijepa.benchmark import time_calls
+from ijepa.config_paths import read_from
 from ijepa.evaluation.encoders import architecture_options
 from ijepa.finetune.module import FineTuner
 from ijepa.finetune.recipe import FinetuneOptim, build_optimizer
@@ -34,10 +35,14 @@ from ijepa.interop.timm_vit import encoder_to_timm
 
 
 def config_options(path: str) -> tuple[dict, dict]:
-    """The finetune config's ``model`` and ``data`` sections."""
+    """The finetune config's ``model`` and ``data`` sections (a relative ``model.architecture``
+    read from the config's folder, as ``ijepa finetune`` reads it)."""
     with open(path) as f:
         config = yaml.safe_load(f)
-    return config.get("model") or {}, config.get("data") or {}
+    model = config.get("model") or {}
+    if isinstance(model.get("architecture"), str):
+        model["architecture"] = read_from(path, model["architecture"])
+    return model, config.get("data") or {}
 
 
 def build_pair(model_options: dict, image_size: int, num_classes: int, device: torch.device):

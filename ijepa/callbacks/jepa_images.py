@@ -14,7 +14,7 @@ from ijepa.data.batch import GridBatch
 from ijepa.data.transforms import unnormalize
 from ijepa.nn.checks import check_range
 from ijepa.nn.sharding import gathered
-from ijepa.pictures import clip_mask_overlay, heat_map, mask_overlay
+from ijepa.pictures import clip_mask_overlay, enlarged, heat_map, mask_overlay
 from ijepa.step import prediction_loss
 
 
@@ -48,6 +48,8 @@ class JEPAImages(Callback):
       the time slices side by side;
     * histograms ``hist/target_features`` and, for table-based encodings, ``hist/positions_*``.
 
+    Images are in their fixed range (pixels as they are, unnormalised), the loss map in its own
+    (lowest loss dark); both enlarged to at least 256 px on the short side, four images a row.
     Other loggers are skipped.
     """
 
@@ -99,9 +101,9 @@ class JEPAImages(Callback):
         per_position = torch.where(count > 0, loss_sum / count.clamp_min(1), torch.full_like(loss_sum, float("nan")))
         for logger in loggers:
             writer = logger.experiment
-            per_row = 1 if hp.num_frames else min(self.num_images, 8)
-            writer.add_image("jepa/masks", make_grid(overlay.cpu(), nrow=per_row, padding=2), step)
-            writer.add_image("jepa/loss_map", heat_map(per_position.cpu(), grid_size), step)
+            per_row = 1 if hp.num_frames else min(self.num_images, 4)
+            writer.add_image("jepa/masks", enlarged(make_grid(overlay.cpu(), nrow=per_row, padding=2)), step)
+            writer.add_image("jepa/loss_map", enlarged(heat_map(per_position.cpu(), grid_size)), step)
             writer.add_histogram("hist/target_features", features.float().cpu(), step)
             for name, table in tables.items():
                 writer.add_histogram(f"hist/positions_{name}", table, step)

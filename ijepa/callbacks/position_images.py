@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from ijepa.nn.position import AdditivePosition
 from ijepa.nn.sharding import gathered
-from ijepa.pictures import cosine_similarity_grid, heat_image
+from ijepa.pictures import cosine_similarity_grid, enlarged, heat_image
 
 
 class PositionSimilarityImages(Callback):
@@ -21,7 +21,10 @@ class PositionSimilarityImages(Callback):
 
     Clip tables (``sincos_3d``, ``learned_flat_3d``) give the figure for the first time slice, plus
     ``positions/<name>_time``: the ``T' x T'`` similarity of time slices (the cosine of the same
-    spatial position at two times, averaged over positions)."""
+    spatial position at two times, averaged over positions).
+
+    Each picture is scaled to its own range (lowest similarity dark, highest bright) and enlarged
+    to at least 256 px on its short side (:func:`ijepa.pictures.enlarged`)."""
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -44,7 +47,9 @@ class PositionSimilarityImages(Callback):
                     torch.einsum("tsd,usd->tu", slices, slices) / slices.size(1), 16
                 )
                 table = table[: position.grid_height * position.grid_width]
-            images[f"positions/{name}"] = cosine_similarity_grid(table, position.grid_height, position.grid_width)
+            images[f"positions/{name}"] = cosine_similarity_grid(
+                table, position.grid_height, position.grid_width, own_range=True
+            )
             for logger in loggers:
                 for tag, image in images.items():
-                    logger.experiment.add_image(tag, image.cpu(), global_step=trainer.global_step)
+                    logger.experiment.add_image(tag, enlarged(image.cpu()), global_step=trainer.global_step)

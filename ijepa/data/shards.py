@@ -581,8 +581,9 @@ class ShardImages(Dataset):
                 )
                 if self.bad_images == "error":
                     raise ValueError(
-                        f"{problem}; these shards were written before ijepa prepare checked every image: write them "
-                        "again, or set data.source.bad_images=skip to skip such items with a warning."
+                        f"{problem}: the item changed after ijepa prepare wrote it (shards whose index records "
+                        "chunk checksums are checked at setup), or an older ijepa prepare stored it unchecked; write "
+                        "the shards again, or set data.source.bad_images=skip to skip such items with a warning."
                     ) from None
                 if position not in self.skipped:
                     self.skipped.add(position)

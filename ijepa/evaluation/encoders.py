@@ -179,6 +179,7 @@ def open_encoder(
     tubelet_size: int = 2,
     architecture: dict | str | None = None,
     seed: int = 0,
+    architecture_flag: str = "--architecture",
 ) -> tuple[FrozenEncoder, dict]:
     """``(frozen encoder, description)`` of ``checkpoint``: an ``ijepa fit`` checkpoint, a
     weights-only conversion, a Hugging Face ``IJepaModel`` folder, ``pixels``, or ``random``: an
@@ -201,7 +202,7 @@ def open_encoder(
     if checkpoint == RANDOM:
         if architecture is None:
             raise ValueError(
-                "checkpoint=random needs an architecture (--architecture): an ijepa fit config, e.g. "
+                f"checkpoint=random needs an architecture ({architecture_flag}): an ijepa fit config, e.g. "
                 "configs/quickstart.yaml, or the encoder's options, e.g. {embed_dim: 128, depth: 4, num_heads: 4}."
             )
         options = architecture_options(architecture)

@@ -31,7 +31,8 @@ from ijepa.evaluation.data import EvalData
 from ijepa.evaluation.encoders import PIXELS, RANDOM, FrozenEncoder, open_encoder
 from ijepa.evaluation.protocols import Protocol
 from ijepa.interop.encoder import save_json
-from ijepa.option_errors import OWN_ERRORS, IJEPAArgumentParser, innermost_error, raised_by_project
+from ijepa.option_errors import OWN_ERRORS, IJEPAArgumentParser, OptionError, innermost_error, raised_by_project
+from ijepa.preflight import check_devices, check_nodes
 
 RESULTS_VERSION = 1
 
@@ -246,6 +247,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = build_parser()
     config = parser.parse_args(sys.argv[2:] if argv is None else argv)
     config.pop("config", None)
+    try:
+        # before Fabric starts a process per device: devices this machine has, nodes something launches
+        check_devices(config.get("accelerator"), config.get("devices"), config.get("num_nodes"), prefix="")
+        check_nodes(config.get("num_nodes"), config.get("devices"), prefix="")
+    except OptionError as error:
+        sys.stderr.write(f"error: {error}\n")
+        sys.exit(2)
     try:
         init = getattr(parser, "instantiate", parser.instantiate_classes)(config)
         evaluation = Evaluation(**init.as_dict() if hasattr(init, "as_dict") else init)

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -24,11 +25,13 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from ijepa.checkpoint import unwritable
+from ijepa.config_paths import resolve, resolve_data_paths
 from ijepa.finetune import export
 from ijepa.finetune.data import FinetuneData
 from ijepa.finetune.module import FineTuner
-from ijepa.interop.encoder import save_json
+from ijepa.interop.encoder import read_torch_file, save_json
 from ijepa.option_errors import OWN_ERRORS, IJEPAArgumentParser, OptionError, innermost_error, raised_by_project
+from ijepa.preflight import check_run
 
 SUBCOMMANDS = ("fit", "validate", "test")
 
@@ -39,11 +42,39 @@ class FinetuneCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.image_size", "model.image_size")
 
+    def parse_arguments(self, parser, args) -> None:
+        with warnings.catch_warnings():
+            # args are the words after `ijepa finetune`, while sys.argv keeps the whole command line,
+            # from which Lightning starts each further local rank: both on purpose
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning reads the model's options from the checkpoint: a pretraining one's are IJEPA's
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and Path(ckpt_path).is_file():
+            loaded = read_torch_file(Path(ckpt_path))
+            hparams = (loaded.get("hyper_parameters") if isinstance(loaded, dict) else None) or {}
+            if not {"num_classes", "network"} <= set(hparams):
+                raise OptionError(
+                    f"ckpt_path={ckpt_path!r} is a pretraining checkpoint (ijepa fit), not a fine-tuned one: fine-tune "
+                    f"from it with --model.checkpoint {ckpt_path}, or validate it with ijepa validate --ckpt_path."
+                )
+        super()._parse_ckpt_path()
+
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         root = self.config[subcommand].trainer.get("default_root_dir") if subcommand else None
         if subcommand == "fit" and (problem := unwritable(Path(root or os.getcwd()))):
             raise OptionError(f"trainer.default_root_dir: cannot write to {root or os.getcwd()} ({problem}).")
+        if subcommand:
+            # a config's relative paths are read from its folder: it works from any directory
+            config = self.config[subcommand]
+            if isinstance(config.get("model.architecture"), str):
+                resolve(config, "model.architecture")
+            resolve_data_paths(config)
+            check_run(config)  # devices, nodes and data folders, before any class is built or process launched
         self._start = time.perf_counter()
 
     def instantiate_classes(self) -> None:
@@ -102,7 +133,6 @@ def main(args: list[str]) -> None:
         return
     if not args or args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help"):
         args = ["fit", *args]
-    argv, sys.argv = sys.argv, sys.argv[:1]  # the arguments are args (LightningCLI warns when both are given)
     try:
         build_cli(args)
     except OptionError as error:
@@ -113,5 +143,3 @@ def main(args: list[str]) -> None:
             raise
         sys.stderr.write(f"error: {error}\n")
         sys.exit(2)
-    finally:
-        sys.argv = argv

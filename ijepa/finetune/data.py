@@ -198,6 +198,28 @@ class FinetuneData(pl.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._plain_loader(self.images.dataset("test", self.hparams.image_size))
 
+    # What chooses the images a run trains, validates and tests on: a resume must not change them.
+    IDENTITY = ("label_fraction", "shots", "val_fraction", "seed", "data_seed")
+
+    def identity(self) -> dict:
+        return {"source": self.source.config(), **{key: self.hparams[key] for key in self.IDENTITY}}
+
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint: the data's identity, which a resume checks."""
+        return {"identity": self.identity()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """On ``--ckpt_path``: refuse data other than the checkpoint's (another label subset,
+        split or source would silently train on other images under the same run)."""
+        saved, now = state_dict.get("identity") or {}, self.identity()
+        changed = [key for key in now if key in saved and saved[key] != now[key]]
+        if changed:
+            listed = "; ".join(f"data.{key}={now[key]!r} where the checkpoint has {saved[key]!r}" for key in changed)
+            raise ValueError(
+                f"resuming with other data than the checkpoint's: {listed}. Resume with the checkpoint's values, or "
+                "start a new run (without --ckpt_path)."
+            )
+
     def describe(self) -> dict:
         """What a results file records about the data."""
         return {

@@ -150,7 +150,10 @@ class FineTuner(pl.LightningModule):
 
     @staticmethod
     def open(checkpoint, encoder, architecture, image_size, seed) -> VisionTransformer:
-        opened, _ = open_encoder(checkpoint, encoder, image_size=image_size, architecture=architecture, seed=seed)
+        opened, _ = open_encoder(
+            checkpoint, encoder, image_size=image_size, architecture=architecture, seed=seed,
+            architecture_flag="--model.architecture",
+        )  # fmt: skip
         network = opened.network
         if checkpoint != RANDOM and architecture is not None:
             check_architecture(network_spec(network), architecture_options(architecture), checkpoint)

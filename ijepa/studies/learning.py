@@ -92,6 +92,15 @@ DATA: dict[str, list[str]] = {
 }
 
 
+def write_png(image, path: Path | str) -> None:
+    """A uint8 image ``[C, H, W]`` (C 1 or 3) as a PNG file, through Pillow (torchvision's image
+    encoders are deprecated since 0.29)."""
+    from PIL import Image
+
+    array = image.permute(1, 2, 0).contiguous().numpy()
+    Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array).save(path, format="PNG")
+
+
 def write_digits_folder(root: Path, size: int = 32, masks: Path | None = None) -> Path:
     """scikit-learn's 1,797 handwritten digits (8x8 grey scans, 17 levels) as an image folder
     ``root/{train,val}/<digit>/*.png``, upscaled to ``size`` px RGB; every fifth image of a class
@@ -99,7 +108,6 @@ def write_digits_folder(root: Path, size: int = 32, masks: Path | None = None) -
     ``masks`` (the layout of ``ImageFolderSource(masks=...)``): ``digit + 1`` where the upscaled
     pixel is darker than mid-grey (ink over half its full strength), 0 elsewhere. Returns ``root``."""
     import torch
-    from torchvision.io import write_png
     from torchvision.transforms.v2.functional import resize
 
     try:

@@ -107,9 +107,40 @@ def test_callbacks_log_clip_pictures(tmp_path, make_datamodule, make_trainer):
         tags = set(events.Tags()["images"])
         assert {"jepa/masks", "jepa/loss_map"} <= tags
         masks, loss_map = events.Images("jepa/masks")[0], events.Images("jepa/loss_map")[0]
-        assert (masks.width, masks.height) == (2 * 16 + 2 * 2, 3 * 16 + 4 * 2)  # one clip per row, 2 slices
-        assert (loss_map.width, loss_map.height) == (2 * 4 * 8, 4 * 8)
+        # one clip per row, 2 slices; enlarged by the whole factor that makes the short side >= 256 px
+        assert (masks.width, masks.height) == (5 * (2 * 16 + 2 * 2), 5 * (3 * 16 + 4 * 2))
+        assert (loss_map.width, loss_map.height) == (8 * 2 * 4 * 8, 8 * 4 * 8)
         if pos_embed == "learned_3d":
             assert {"positions/encoder", "positions/encoder_time", "positions/predictor_time"} <= tags
             time_image = events.Images("positions/encoder_time")[0]
-            assert (time_image.width, time_image.height) == (2 * 16, 2 * 16)
+            assert (time_image.width, time_image.height) == (8 * 2 * 16, 8 * 2 * 16)
+
+
+def test_the_logged_position_picture_after_a_short_run_is_large_and_spans_its_range(
+    tmp_path, make_trainer, make_datamodule
+):
+    # The sincos table's similarities lie in a narrow band near 1: mapped from [-1, 1], the tile of
+    # position (0, 0) spanned grey levels 216-255 only (a white square), 19 x 19 px on a 4 x 4 grid.
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from ijepa.callbacks import EMATargetUpdate, PositionSimilarityImages
+
+    logger = TensorBoardLogger(tmp_path, name="", version=0)
+    trainer = make_trainer(
+        callbacks=[EMATargetUpdate(), PositionSimilarityImages()], logger=logger, max_steps=2, limit_val_batches=1
+    )
+    trainer.fit(IJEPA(**TINY_MODEL, optim={"warmup_steps": 1}), datamodule=make_datamodule())
+    logger.experiment.flush()
+    events = EventAccumulator(str(tmp_path / "version_0"), size_guidance={"images": 0})
+    events.Reload()
+    picture = events.Images("positions/encoder")[-1]
+    pixels = np.asarray(Image.open(io.BytesIO(picture.encoded_image_string)).convert("L"), dtype=np.int32)
+    grid = 32 // 8  # TINY_MODEL's 4 x 4 patches: tiles of 4 x 4, one pixel of padding between them
+    factor = pixels.shape[1] // (grid * (grid + 1) - 1)
+    assert min(pixels.shape) >= 256 and factor * (grid * (grid + 1) - 1) == pixels.shape[1]
+    tile = pixels[: grid * factor, : grid * factor]  # position (0, 0) against every position
+    assert tile.max() - tile.min() >= 128, (tile.min(), tile.max())
+    assert len(np.unique(tile)) >= grid * grid // 2  # many levels, not one colour

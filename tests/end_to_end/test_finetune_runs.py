@@ -60,3 +60,23 @@ def test_the_quickstart_config_fine_tunes_a_fit_checkpoint_and_its_student(tmp_p
         state["hyper_parameters"]["network"]["embed_dim"]
         == torch.load(teacher, weights_only=True)["hyper_parameters"]["embed_dim"]
     )
+
+
+def test_finetune_runs_on_two_local_processes_from_another_folder(tmp_path):
+    # Lightning starts the second rank from sys.argv; the shipped config's architecture is read
+    # from its own folder, so the run works from any working directory
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    args = [sys.executable, "-m", "ijepa", "finetune", "--config", str(ROOT / "configs/finetune/quickstart.yaml")]
+    args += ["--model.checkpoint=random", "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
+    args += ["--data.source.train_size=200", "--data.source.val_size=64", "--data.num_workers=0", "--data.batch_size=16"]
+    args += ["--trainer.max_steps=3", "--trainer.val_check_interval=3", "--trainer.enable_progress_bar=false"]
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = finetune_result(tmp_path)
+    assert record["steps"] == 3 and 0 <= record["test_top1"] <= 1 and record["data"]["num_classes"] == 10

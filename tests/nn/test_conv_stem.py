@@ -242,3 +242,8 @@ def test_conv_stem_overlay_changes_only_the_stem_of_the_quickstart(tmp_path):
     assert conv.model.encoder.grid == quickstart.model.encoder.grid
     differ = {k for k in conv.model.hparams if conv.model.hparams[k] != quickstart.model.hparams.get(k)}
     assert differ == {"stem"}
+
+
+def test_the_in_patch_stem_is_refused_under_its_own_name():
+    with pytest.raises(ValueError, match=r"^patch_size=6: stem='conv_in_patch' needs a power of two >= 4"):
+        VisionTransformer.for_images(48, 6, 3, 32, 1, 2, stem="conv_in_patch")
