@@ -306,7 +306,9 @@ def test_distill_refuses_a_teacher_policy_its_teacher_would_ignore(teacher_path)
     from ijepa.teachers import FrozenTeacher, StepwiseTeacher
 
     for policy in (FrozenTeacher(), StepwiseTeacher(every_n_steps=2), {"class_path": "ijepa.teachers.FrozenTeacher"}):
-        with pytest.raises(ValueError, match=r"ijepa distill's teacher is model.teacher .*model.teacher_policy is ijepa fit's"):
+        with pytest.raises(
+            ValueError, match=r"ijepa distill's teacher is model.teacher .*model.teacher_policy is ijepa fit's"
+        ):
             DistillIJEPA(teacher=str(teacher_path), teacher_policy=policy, **STUDENT)
     student = DistillIJEPA(teacher=str(teacher_path), **STUDENT)  # the default, as a resume reads it back
     assert student.teacher_network is None

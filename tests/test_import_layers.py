@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, ...]] = [
         "ijepa.launch",
         "ijepa.option_errors",
         "ijepa.preflight",
+        "ijepa.config_paths",
         "ijepa.evaluation",
         "ijepa.finetune",
         "ijepa.__main__",

@@ -371,7 +371,9 @@ def test_every_objective_kind_has_a_lever_config_or_is_v_jepa_2_1s():
 def test_a_stepwise_teacher_refreshed_no_sooner_than_the_run_ends_is_warned(tmp_path):
     # every_n_steps 7 in a 7-step run: the one copy comes after the last step that uses the teacher
     for every, warned in ((7, True), (9, True), (3, False)):
-        model, data, trainer = teacher_run(tmp_path / str(every), StepwiseTeacher(every_n_steps=every), TargetRecorder())
+        model, data, trainer = teacher_run(
+            tmp_path / str(every), StepwiseTeacher(every_n_steps=every), TargetRecorder()
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer.fit(model, datamodule=data)

@@ -105,8 +105,8 @@ class FinetuneCLI(LightningCLI):
             "encoder": {k: self.model.hparams[k] for k in ("checkpoint", "encoder", "trainable_blocks", "lora")},
             "data": self.datamodule.describe(),
         }
+        folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective under DDP: every rank asks
         if trainer.is_global_zero:
-            folder = Path(trainer.log_dir or trainer.default_root_dir)
             folder.mkdir(parents=True, exist_ok=True)
             save_json(json.loads(json.dumps(record, default=str)), folder / "finetune.json")
             top1 = record["test_top1"]

@@ -58,7 +58,8 @@ def test_callback_logs_images_and_histograms(tmp_path, make_datamodule, make_tra
         events.Tags()["histograms"]
     )
     masks = events.Images("jepa/masks")[0]
-    assert (masks.width, masks.height) == (4 * 32 + 5 * 2, 32 + 2 * 2)  # make_grid of 4 images, padding 2
+    # make_grid of 4 images (four a row), padding 2, enlarged 8 times: the short side at least 256 px
+    assert (masks.width, masks.height) == (8 * (4 * 32 + 5 * 2), 8 * (32 + 2 * 2))
 
 
 def test_clip_overlay_marks_each_time_slice():
@@ -108,7 +109,7 @@ def test_callbacks_log_clip_pictures(tmp_path, make_datamodule, make_trainer):
         assert {"jepa/masks", "jepa/loss_map"} <= tags
         masks, loss_map = events.Images("jepa/masks")[0], events.Images("jepa/loss_map")[0]
         # one clip per row, 2 slices; enlarged by the whole factor that makes the short side >= 256 px
-        assert (masks.width, masks.height) == (5 * (2 * 16 + 2 * 2), 5 * (3 * 16 + 4 * 2))
+        assert (masks.width, masks.height) == (8 * (2 * 16 + 2 * 2), 8 * (3 * 16 + 4 * 2))
         assert (loss_map.width, loss_map.height) == (8 * 2 * 4 * 8, 8 * 4 * 8)
         if pos_embed == "learned_3d":
             assert {"positions/encoder", "positions/encoder_time", "positions/predictor_time"} <= tags

@@ -74,9 +74,30 @@ def test_finetune_runs_on_two_local_processes_from_another_folder(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     args = [sys.executable, "-m", "ijepa", "finetune", "--config", str(ROOT / "configs/finetune/quickstart.yaml")]
     args += ["--model.checkpoint=random", "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
-    args += ["--data.source.train_size=200", "--data.source.val_size=64", "--data.num_workers=0", "--data.batch_size=16"]
+    args += [
+        "--data.source.train_size=200",
+        "--data.source.val_size=64",
+        "--data.num_workers=0",
+        "--data.batch_size=16",
+    ]
     args += ["--trainer.max_steps=3", "--trainer.val_check_interval=3", "--trainer.enable_progress_bar=false"]
     result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     record = finetune_result(tmp_path)
     assert record["steps"] == 3 and 0 <= record["test_top1"] <= 1 and record["data"]["num_classes"] == 10
+
+
+def test_a_fine_tune_resumed_with_another_label_fraction_is_refused_in_one_line(tmp_path, capsys):
+    common = ["finetune", "--config", "configs/finetune/quickstart.yaml", "--model.checkpoint=random"]
+    common += ["--data.source.train_size=200", "--data.source.val_size=50", "--data.num_workers=0"]
+    common += ["--data.batch_size=16", "--trainer.val_check_interval=2", "--trainer.enable_progress_bar=false"]
+    common += [f"--trainer.default_root_dir={tmp_path}"]
+    main([*common, "--trainer.max_steps=2"])
+    (last,) = tmp_path.rglob("last.ckpt")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main([*common, "--trainer.max_steps=4", "--data.label_fraction=0.5", f"--ckpt_path={last}"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert "data.label_fraction=0.5 where the checkpoint has 1.0" in err
+    assert len(list(tmp_path.rglob("finetune.json"))) == 1  # the refused run recorded nothing
