@@ -48,6 +48,7 @@ from ijepa.option_errors import (
     OptionError,
     built_class,
     innermost_error,
+    one_line,
     raised_by_project,
 )
 from ijepa.preflight import check_run
@@ -417,7 +418,7 @@ def main(args: list[str] | None = None) -> None:
     except OWN_ERRORS as error:  # the project's own message (a checkpoint to resume from, a path to fix)
         if not raised_by_project(error) or os.environ.get("IJEPA_DEBUG"):
             raise
-        sys.stderr.write(f"error: {error}\n")
+        sys.stderr.write(f"error: {one_line(error)}\n")
         sys.exit(2)
 
 

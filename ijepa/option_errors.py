@@ -29,11 +29,37 @@ PACKAGE = Path(__file__).resolve().parent
 OWN_ERRORS = (ValueError, OSError, ArithmeticError, ImportError)  # the kinds the project raises with its messages
 
 
+# torch's re-raise of an exception of a DataLoader worker: its message holds the worker's traceback
+WORKER_ERROR = re.compile(r"^Caught (\w+) (in DataLoader worker process \d+)\.\nOriginal Traceback", re.S)
+
+
+def worker_origin(error: BaseException) -> tuple[str, str] | None:
+    """``(where, the worker's own message)`` when ``error`` is torch's re-raise of an exception a
+    line of the ``ijepa`` package raised in a DataLoader worker; None otherwise."""
+    text = str(error)
+    match = WORKER_ERROR.match(text)
+    files = re.findall(r'File "([^"]+)", line \d+', text)
+    if match is None or not files or not Path(files[-1]).resolve().is_relative_to(PACKAGE):
+        return None
+    last = text.rstrip().rfind(f"\n{match[1]}: ")
+    return (match[2], text[last + len(match[1]) + 3 :].strip()) if last >= 0 else None
+
+
+def one_line(error: BaseException) -> str:
+    """What the commands print of an error of the project's: its message, or for one raised in a
+    DataLoader worker the worker's message and where (without the traceback around it)."""
+    origin = worker_origin(error)
+    return f"{origin[1]} ({origin[0]})" if origin else str(error)
+
+
 def raised_by_project(error: BaseException) -> bool:
     """Whether ``error`` is one of :data:`OWN_ERRORS` raised by a line of the ``ijepa`` package
-    (its messages say what to do; a traceback would bury them), not by a library below it."""
+    (its messages say what to do; a traceback would bury them), not by a library below it; also in
+    a DataLoader worker (:func:`worker_origin`)."""
     if not isinstance(error, OWN_ERRORS):
         return False
+    if worker_origin(error) is not None:
+        return True
     frame, last = error.__traceback__, None
     while frame is not None:
         last, frame = frame, frame.tb_next

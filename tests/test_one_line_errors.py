@@ -111,3 +111,35 @@ def test_an_unwritable_eval_folder_is_refused_before_any_extraction(capsys, tmp_
         ]
         monkeypatch.undo()
         assert evaluate(evaluate_args)[0]["protocol"] == "knn"
+
+
+class _CheckedItems(torch.utils.data.Dataset):
+    """Items whose check is the project's (``ijepa.nn.checks``) or this file's own."""
+
+    def __init__(self, ours: bool):
+        self.ours = ours
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int):
+        from ijepa.nn.checks import check_range
+
+        if self.ours:
+            check_range(-1, "data.example", 0)
+        raise ValueError("a library's own message")
+
+
+def test_an_error_the_project_raises_in_a_dataloader_worker_is_one_line_without_the_workers_traceback():
+    from ijepa.option_errors import one_line, raised_by_project
+
+    for ours in (True, False):
+        loader = torch.utils.data.DataLoader(_CheckedItems(ours), num_workers=1)
+        with pytest.raises(ValueError) as caught:
+            next(iter(loader))
+        assert str(caught.value).startswith("Caught ValueError in DataLoader worker process 0")
+        assert raised_by_project(caught.value) == ours
+        if ours:
+            line = one_line(caught.value)
+            assert line.startswith("data.example") and "got -1" in line and "Traceback" not in line
+            assert line.endswith("(in DataLoader worker process 0)") and "\n" not in line

@@ -181,7 +181,7 @@ def environment(settings: Settings) -> dict:
     return record
 
 
-@part("cuda_tests", limit_s=50, dry_limit_s=180)
+@part("cuda_tests", limit_s=50, dry_limit_s=240)
 def cuda_tests(settings: Settings, limit_s: float) -> list[str]:
     """The tests that need CUDA (``tests/cuda``); under ``--dry-run`` the same tests on the CPU
     (``IJEPA_TEST_DEVICE=cpu``, which their ``device`` fixture reads)."""
@@ -210,7 +210,7 @@ def step(settings: Settings, limit_s: float) -> list[str]:
     return [*command, "vit_small_96"]
 
 
-@part("learning_curve", limit_s=165, dry_limit_s=180)
+@part("learning_curve", limit_s=165, dry_limit_s=420)
 def learning_curve(settings: Settings, limit_s: float) -> list[str]:
     """The quickstart's recipe at 10x and 40x its steps (toy: 1x and 2x of 4 steps), DataLoader
     workers as many as a GPU machine's cores allow (the samples are seeded per index, so the
@@ -231,7 +231,7 @@ def learning_curve(settings: Settings, limit_s: float) -> list[str]:
             f"--eval-args={workers}"]  # fmt: skip
 
 
-@part("fit_loop", limit_s=40, dry_limit_s=90)
+@part("fit_loop", limit_s=40, dry_limit_s=120)
 def fit_loop(settings: Settings, limit_s: float) -> list[str]:
     """The whole ``ijepa fit`` loop against the bare step, on generated shapes at STL-10's size."""
     command = [settings.python, "-m", "ijepa.benchmark.fit_loop", "--config", "configs/stl10_vit_tiny.yaml",
@@ -243,7 +243,7 @@ def fit_loop(settings: Settings, limit_s: float) -> list[str]:
     return [*command, "--steps", "300", "--warmup", "50"]
 
 
-@part("finetune", limit_s=25, dry_limit_s=90)
+@part("finetune", limit_s=25, dry_limit_s=120)
 def finetune(settings: Settings, limit_s: float) -> list[str]:
     """One fine-tuning step of ``ijepa finetune`` against timm's, from the same weights."""
     command = [settings.python, "-m", "ijepa.benchmark.finetune", "--config", "configs/finetune/quickstart.yaml"]
@@ -252,7 +252,7 @@ def finetune(settings: Settings, limit_s: float) -> list[str]:
     return [*command, "--steps", "20", "--device", "cuda"]
 
 
-@part("activation_memory", limit_s=40, dry_limit_s=90)
+@part("activation_memory", limit_s=40, dry_limit_s=120)
 def activation_memory(settings: Settings, limit_s: float) -> list[str]:
     """ViT-L/16 at 224 px with activation checkpointing off and on every block."""
     command = [settings.python, "-m", "ijepa.benchmark.activation_memory", "--every", "0", "1"]
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("out_dir", type=Path, help="where results.jsonl, check.log and summary.md go")
     parser.add_argument("--dry-run", action="store_true", help="every part on the CPU at toy sizes")
-    parser.add_argument("--budget-s", type=float, default=None, help="the whole check's wall (default 480; dry 900)")
+    parser.add_argument("--budget-s", type=float, default=None, help="the whole check's wall (default 480; dry 1500)")
     parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS), help="a subset, in order")
     parser.add_argument("--work-dir", type=Path, default=None, help="runs' files (default: a temporary folder)")
     parser.add_argument("--fashion", type=Path, default=None, help="Fashion-MNIST image folder for the curve")
@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
         if not torch.cuda.is_available():
             parser.error("no CUDA device: run on a GPU machine, or pass --dry-run for the CPU check")
-    budget = args.budget_s or (900.0 if args.dry_run else 480.0)
+    budget = args.budget_s or (1500.0 if args.dry_run else 480.0)
     with contextlib.ExitStack() as stack:
         work = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ijepa-gpu-check-")))
         settings = Settings(

@@ -31,8 +31,15 @@ from ijepa.evaluation.data import EvalData
 from ijepa.evaluation.encoders import PIXELS, RANDOM, FrozenEncoder, open_encoder
 from ijepa.evaluation.protocols import Protocol
 from ijepa.interop.encoder import save_json
-from ijepa.option_errors import OWN_ERRORS, IJEPAArgumentParser, OptionError, innermost_error, raised_by_project
-from ijepa.preflight import check_devices, check_nodes
+from ijepa.option_errors import (
+    OWN_ERRORS,
+    IJEPAArgumentParser,
+    OptionError,
+    innermost_error,
+    one_line,
+    raised_by_project,
+)
+from ijepa.preflight import built_source, check_devices, check_nodes
 
 RESULTS_VERSION = 1
 
@@ -251,7 +258,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         # before Fabric starts a process per device: devices this machine has, nodes something launches
         check_devices(config.get("accelerator"), config.get("devices"), config.get("num_nodes"), prefix="")
         check_nodes(config.get("num_nodes"), config.get("devices"), prefix="")
-    except OptionError as error:
+        if (source := built_source(config.get("data.source"))) is not None:  # its folder, before any process
+            source.check("data.source")
+    except (OptionError, OSError) as error:  # OSError: a data folder that is not there
         sys.stderr.write(f"error: {error}\n")
         sys.exit(2)
     try:
@@ -262,5 +271,5 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if os.environ.get("IJEPA_DEBUG") or not (isinstance(error, ValueError) or raised_by_project(error)):
             raise
         # a constructor's own error (EvalData's data.image_size ...), not jsonargparse's wrapping of it
-        sys.stderr.write(f"error: {innermost_error(error)}\n")
+        sys.stderr.write(f"error: {one_line(innermost_error(error))}\n")
         sys.exit(2)

@@ -30,7 +30,14 @@ from ijepa.finetune import export
 from ijepa.finetune.data import FinetuneData
 from ijepa.finetune.module import FineTuner
 from ijepa.interop.encoder import read_torch_file, save_json
-from ijepa.option_errors import OWN_ERRORS, IJEPAArgumentParser, OptionError, innermost_error, raised_by_project
+from ijepa.option_errors import (
+    OWN_ERRORS,
+    IJEPAArgumentParser,
+    OptionError,
+    innermost_error,
+    one_line,
+    raised_by_project,
+)
 from ijepa.preflight import check_run
 
 SUBCOMMANDS = ("fit", "validate", "test")
@@ -141,5 +148,5 @@ def main(args: list[str]) -> None:
     except OWN_ERRORS as error:
         if not raised_by_project(error) or os.environ.get("IJEPA_DEBUG"):
             raise
-        sys.stderr.write(f"error: {error}\n")
+        sys.stderr.write(f"error: {one_line(error)}\n")
         sys.exit(2)

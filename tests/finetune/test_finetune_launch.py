@@ -186,3 +186,9 @@ def test_a_copied_config_folder_fine_tunes_from_its_own_architecture(tmp_path, m
     monkeypatch.chdir(tmp_path / "configs" / "finetune")
     config = parse_finetune(["fit", "--config", "quickstart.yaml"])
     assert config.model.architecture == str((tmp_path / "configs" / "quickstart.yaml").resolve())
+
+
+def test_eval_refuses_a_missing_data_folder_before_anything_is_built(capsys, tmp_path):
+    common = ["eval", "--config", "configs/eval/stl10.yaml", "--checkpoint", "random"]
+    err = error_of(capsys, [*common, "--architecture", "configs/quickstart.yaml", f"--data.source.root={tmp_path}"])
+    assert err.startswith("error: STL-10 not found") and "data.source.root" in err
