@@ -165,3 +165,51 @@ def test_a_fetched_wheel_list_names_its_version_in_the_check_environment(tmp_pat
     record = gpu_check.environment(Settings(dry_run=True, work_dir=tmp_path))
     assert record["wheelhouse"] == ["probe_pkg-1.2"] and record["commit"] == "abc1234"
     assert record["packages"]["torch"] and json.dumps(record)
+
+
+class _Captured(Exception):
+    pass
+
+
+def test_every_parts_gpu_command_parses_as_its_module_reads_it(tmp_path, monkeypatch):
+    # The GPU-only argument lists never run on a CPU machine: each is handed to its module's own
+    # parser here (the measurement replaced), so that a typo cannot wait for the next GPU.
+    import importlib
+
+    from ijepa.cli import fit_arguments_error
+
+    (tmp_path / "fashion" / "train").mkdir(parents=True)
+    settings = Settings(dry_run=False, work_dir=tmp_path, fashion=tmp_path / "fashion")
+    monkeypatch.chdir(ROOT)
+    parsed = {}
+    for name, part in PARTS.items():
+        if part.command is None:
+            continue
+        argv = part.command(settings, part.limit_s)
+        module = argv[2]
+        if module == "pytest":
+            assert (ROOT / argv[3]).is_dir() and "-n" in argv
+            continue
+        target = importlib.import_module(module)
+        runner = "main" if module == "ijepa.benchmark.gpu" else "run"
+
+        def capture(*args, name=name, **kwargs):
+            parsed[name] = args[0] if len(args) == 1 else args
+            raise _Captured
+
+        if module == "ijepa.benchmark.gpu":  # its main parses, then hands each model to ijepa.benchmark.run
+            monkeypatch.setattr(target, "run", capture)
+        else:
+            monkeypatch.setattr(target, runner, capture)
+        with pytest.raises(_Captured):
+            target.main(argv[3:])
+    assert set(parsed) == {"step", "learning_curve", "fit_loop", "finetune", "activation_memory"}
+    step = parsed["step"]
+    assert step.static_compiled and step.compile_mode == "reduce-overhead" and step.precision == "bf16-mixed"
+    assert step.device == "cuda" and step.config == "configs/stl10_vit_tiny.yaml"
+    assert parsed["learning_curve"].multiples == [10, 40] and parsed["learning_curve"].data == "fashion"
+    assert 0 < parsed["learning_curve"].budget_s < PARTS["learning_curve"].limit_s
+    assert parsed["activation_memory"].model == "vit_l16" and parsed["finetune"].device == "cuda"
+    config, overrides, steps, warmup = parsed["fit_loop"][:4]  # fit_loop.run's; its overrides go to ijepa fit
+    assert config == "configs/stl10_vit_tiny.yaml" and steps > warmup + 1
+    assert fit_arguments_error(["--config", config, *overrides]) is None

@@ -258,7 +258,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         # before Fabric starts a process per device: devices this machine has, nodes something launches
         check_devices(config.get("accelerator"), config.get("devices"), config.get("num_nodes"), prefix="")
         check_nodes(config.get("num_nodes"), config.get("devices"), prefix="")
-        if (source := built_source(config.get("data.source"))) is not None:  # its folder, before any process
+        # the data folder, before any process (no source given: EvalData's own default, nothing to check)
+        given = config.get("data.init_args.source")  # EvalData is a class of its own: its options under init_args
+        if given is not None and (source := built_source(given)) is not None:
             source.check("data.source")
     except (OptionError, OSError) as error:  # OSError: a data folder that is not there
         sys.stderr.write(f"error: {error}\n")

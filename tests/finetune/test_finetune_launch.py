@@ -116,10 +116,19 @@ def test_every_shipped_finetune_config_parses_from_another_folder(path, tmp_path
         assert Path(architecture).is_absolute() and Path(architecture).is_file()
 
 
-def test_every_shipped_fit_config_parses_from_another_folder(tmp_path, monkeypatch):
+def test_every_shipped_fit_and_eval_config_parses_from_another_folder(tmp_path, monkeypatch):
+    from ijepa.evaluation.runner import build_parser
+
+    quickstart = str(CONFIGS / "quickstart.yaml")
     monkeypatch.chdir(tmp_path)
-    for path in sorted(CONFIGS.glob("*.yaml")):
+    for path in sorted([*CONFIGS.glob("*.yaml"), *(CONFIGS / "presets").glob("*.yaml")]):
         assert fit_arguments_error(["--config", str(path)]) is None, path
+    for folder in ("ablations", "resolution"):  # layered on the quickstart, as their headers say
+        for path in sorted((CONFIGS / folder).glob("*.yaml")):
+            assert fit_arguments_error(["--config", quickstart, "--config", str(path)]) is None, path
+    for path in sorted((CONFIGS / "eval").rglob("*.yaml")):
+        base = [] if path.parent.name == "eval" else ["--config", str(CONFIGS / "eval" / "quickstart.yaml")]
+        build_parser().parse_args([*base, "--config", str(path), "--checkpoint", "random"])
 
 
 def test_a_missing_architecture_names_the_option_the_file_and_where_it_looked(tmp_path, capsys, monkeypatch):
@@ -191,4 +200,4 @@ def test_a_copied_config_folder_fine_tunes_from_its_own_architecture(tmp_path, m
 def test_eval_refuses_a_missing_data_folder_before_anything_is_built(capsys, tmp_path):
     common = ["eval", "--config", "configs/eval/stl10.yaml", "--checkpoint", "random"]
     err = error_of(capsys, [*common, "--architecture", "configs/quickstart.yaml", f"--data.source.root={tmp_path}"])
-    assert err.startswith("error: STL-10 not found") and "data.source.root" in err
+    assert err.startswith("error: STL-10 not found") and f"{tmp_path}/stl10_binary" in err  # the source given
