@@ -15,8 +15,8 @@ part                    what it records
                         against static shapes + ``torch.compile`` (CUDA graphs): images/s, MFU,
                         peak memory, the seed-style baseline
 ``learning_curve``      :mod:`ijepa.studies.learning_curve`: the quickstart's recipe on
-                        Fashion-MNIST (the generated shapes where its folder is absent) at 1x,
-                        10x and 40x its steps, the last runs stopped cleanly by the wall budget;
+                        Fashion-MNIST (the generated shapes where its folder is absent) at 10x
+                        and 40x its steps, the longer run stopped cleanly by the wall budget;
                         ``ijepa eval`` linear at each end, random init and raw pixels beside
 ``fit_loop``            :mod:`ijepa.benchmark.fit_loop`: the whole ``ijepa fit`` loop against
                         the bare step (STL-10 ViT-Ti/8 config on generated shapes)
@@ -221,9 +221,9 @@ def learning_curve(settings: Settings, limit_s: float) -> list[str]:
     if settings.fashion is not None:
         command += ["--data", "fashion", "--folder", str(settings.fashion)]
     if settings.dry_run:
-        fit = "--trainer.accelerator=cpu --model.embed_dim=32 --model.predictor_depth=1"
+        fit = "--trainer.accelerator=cpu --model.embed_dim=32 --model.predictor_depth=1 --data.num_workers=0"
         shapes = "" if settings.fashion else " --data.source.train_size=256 --data.source.val_size=64"
-        evaluation = shapes + " --data.batch_size=64"
+        evaluation = shapes + " --data.batch_size=64 --data.num_workers=0"
         return [*command, "--multiples", "1", "2", "--base-steps", "4", "--budget-s", budget,
                 f"--fit-args={fit + shapes}", f"--eval-args={evaluation.strip()}", "--eval-epochs", "1"]  # fmt: skip
     workers = f"--data.num_workers={min(8, os.cpu_count() or 1)}"
@@ -298,8 +298,15 @@ def run_command(name: str, argv: list[str], limit_s: float, recorder: Recorder, 
     results; returns its status record."""
     recorder.log(name, "$ " + shlex.join(argv))
     start = time.perf_counter()
-    process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True, bufsize=1
+    process = subprocess.Popen(  # no stdin: a part must never wait on (or read) its caller's input
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+        bufsize=1,
     )
 
     def pump() -> None:

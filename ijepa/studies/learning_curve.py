@@ -85,7 +85,7 @@ def run_logged(command: list[str], log_file: Path) -> float:
     print("$", shlex.join(command), flush=True)
     start = time.perf_counter()
     with open(log_file, "w") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     if done.returncode:
         tail = "".join(log_file.read_text().splitlines(keepends=True)[-20:])
         raise SystemExit(

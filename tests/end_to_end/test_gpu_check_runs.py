@@ -34,10 +34,13 @@ def test_the_dry_run_runs_every_part_on_the_cpu_after_installing_the_wheelhouse(
     out = tmp_path / "out"
     env = dict(os.environ, PYTHON=sys.executable, IJEPA_GPU_DIR=str(tmp_path / "gpu"), TMPDIR=str(tmp_path))
     command = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", str(out), "--work-dir", str(tmp_path / "w")]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    # no stdin: under pytest-xdist it is the worker's channel to the controller
+    done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
     log = (out / "check.log").read_text() if (out / "check.log").exists() else done.stdout
     summary = (out / "summary.md").read_text() if (out / "summary.md").exists() else ""
-    assert done.returncode == 0, summary + log[-3000:] + done.stderr[-2000:]
+    failed = {r["part"] for r in read_records(out) if r["kind"] == "status" and r["status"] != "ok"}
+    lines = [line for line in log.splitlines() if line.split("]")[0].lstrip("[") in failed]
+    assert done.returncode == 0, summary + "\n".join(lines[-80:]) + done.stderr[-2000:]
     records = read_records(out)
     statuses = {r["part"]: r["status"] for r in records if r["kind"] == "status"}
     assert statuses == dict.fromkeys(PARTS, "ok"), log[-4000:]
