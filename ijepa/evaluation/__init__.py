@@ -18,6 +18,7 @@ from ijepa.evaluation.protocols import (
     Protocol,
     protocol_kinds,
 )
+from ijepa.evaluation.readouts import GridReadout, MeanReadout, Readout, readout_kinds
 from ijepa.evaluation.runner import Evaluation, read_results
 
 __all__ = [
@@ -25,12 +26,16 @@ __all__ = [
     "CountingProtocol",
     "EvalData",
     "Evaluation",
+    "GridReadout",
     "KNNProtocol",
     "LinearProtocol",
     "LogRegProtocol",
     "LowShotProtocol",
+    "MeanReadout",
     "Protocol",
+    "Readout",
     "SegmentationProtocol",
     "protocol_kinds",
     "read_results",
+    "readout_kinds",
 ]

@@ -24,9 +24,9 @@ TARGETS = ("masks", "counts")  # what dense data adds to an entry besides its la
 
 
 def last_blocks_of(features: torch.Tensor, kind: str, last_blocks: int) -> torch.Tensor:
-    """``blocks`` ``[N, n, D] -> [N, last_blocks * D]``; ``patches`` ``[N, n, K, D] -> [N, K,
+    """``blocks`` (and a readout's ``blocks:<key>``) ``[N, n, D] -> [N, last_blocks * D]``; ``patches`` ``[N, n, K, D] -> [N, K,
     last_blocks * D]`` (each token's last blocks concatenated, oldest first); ``tokens`` unchanged."""
-    if kind == "blocks":
+    if kind == "blocks" or kind.startswith("blocks:"):  # a readout's pooled blocks, [N, n, F]
         return features[:, features.size(1) - last_blocks :].flatten(1)
     if kind == "patches":
         return features[:, features.size(1) - last_blocks :].transpose(1, 2).flatten(2)

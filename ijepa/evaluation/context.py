@@ -28,6 +28,7 @@ from ijepa.data.sampling import EpochSampler, SeededSamples, mix_seed
 from ijepa.evaluation.cache import KINDS, TARGETS, FeatureCache, last_blocks_of
 from ijepa.evaluation.data import EvalData
 from ijepa.evaluation.encoders import FrozenEncoder
+from ijepa.evaluation.readouts import BLOCKS, Readout, is_pooled
 from ijepa.evaluation.splits import validation_split
 
 # mix_seed ignores trailing zeros: a tag per stream keeps the draws of one seed apart (the batch
@@ -42,20 +43,26 @@ def encode(
     kind: str,
     last_blocks: int = 1,
     frame_times: torch.Tensor | None = None,
+    readout: Readout | None = None,
 ) -> torch.Tensor:
     """One batch through the frozen encoder, under the run's precision, as float32: ``[B, last_blocks, D]``
-    block means (``blocks``), ``[B, K, D]`` tokens (``tokens``) or ``[B, last_blocks, K, D]`` tokens
-    of the last blocks (``patches``). Clips come with their ``frame_times``."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+    block means (``blocks``), ``[B, last_blocks, F]`` the last blocks' tokens pooled by ``readout``
+    (``blocks:<key>``, :mod:`ijepa.evaluation.readouts`), ``[B, K, D]`` tokens (``tokens``) or
+    ``[B, last_blocks, K, D]`` tokens of the last blocks (``patches``). Clips come with their ``frame_times``."""
+    if kind not in KINDS and not is_pooled(kind):
+        raise ValueError(f"kind must be one of {KINDS} or blocks:<readout>, got {kind!r}.")
+    if kind not in KINDS and readout is None:
+        raise ValueError(f"kind {kind!r} needs its readout.")
     times = {} if frame_times is None else {"frame_times": frame_times}
     with torch.no_grad(), fabric.autocast():
         if kind == "tokens":
             out = encoder.tokens(images, **times)
         elif kind == "patches":
             out = encoder.block_tokens(images, last_blocks, **times)
-        else:
+        elif kind == BLOCKS:
             out = encoder.block_means(images, last_blocks, **times)
+        else:
+            out = readout.pool(encoder.block_tokens(images, last_blocks, **times), encoder.token_shape)
     return out.float()
 
 
@@ -86,25 +93,34 @@ class EvalContext:
     logged: dict = field(default_factory=dict)
     _split: tuple[torch.Tensor, torch.Tensor] | None = None
     target: str = "labels"  # what features() hands out beside the features: labels, masks or counts (as classes)
+    readouts: dict[str, Readout] = field(default_factory=dict)  # the pooled kinds asked for, by kind
+
+    def pooled(self, readout: Readout) -> str:
+        """The feature kind of ``readout``'s pooled block features (``blocks`` for the mean), which
+        :meth:`features` and :meth:`augmented_batches` then hand out. A readout the encoder's token
+        grid cannot hold is refused here, before any extraction."""
+        readout.width(self.encoder.width, self.encoder.token_shape)
+        self.readouts[readout.kind] = readout
+        return readout.kind
 
     @property
     def num_classes(self) -> int:
         """Classes of the target: the source's image classes; for masks, 1 + the largest class id in
         the train split's masks; for counts, the distinct counts of the train split."""
         if self.target == "masks":
-            masks = self._entry("train", "blocks", 1)["masks"]
+            masks = self._labelled("train")["masks"]
             kept = masks[masks != IGNORE_INDEX]
             return int(kept.max()) + 1 if kept.numel() else 1
         if self.target == "counts":
             return len(self.count_classes)
         if self.data.num_classes is None:
-            self.features("train", "blocks", 1)
+            self._labelled("train")
         return self.data.num_classes
 
     @property
     def count_classes(self) -> torch.Tensor:
         """The distinct object counts of the train split, ascending: count class ``i`` is ``count_classes[i]``."""
-        return torch.unique(self._entry("train", "blocks", 1)["counts"])
+        return torch.unique(self._labelled("train")["counts"])
 
     def with_target(self, target: str, who: str) -> EvalContext:
         """This context with ``target`` (``masks`` or ``counts``) in place of the labels: ``features()``,
@@ -130,7 +146,7 @@ class EvalContext:
                 f"{who} needs {'object counts' if target == 'counts' else 'masks'}: data.source {name} gives none; {how}."
             )
         if target == "counts":
-            counts = self._entry("train", "blocks", 1)["counts"]
+            counts = self._labelled("train")["counts"]
             if (counts < 0).any():
                 raise ValueError(
                     f"{who} needs object counts: data.source {name} does not know them ({int((counts < 0).sum())} of "
@@ -152,6 +168,18 @@ class EvalContext:
         index = torch.searchsorted(classes, counts).clamp_max(len(classes) - 1)
         return torch.where(classes[index] == counts, index, torch.full_like(index, -1))
 
+    def _labelled(self, split: str) -> dict:
+        """An entry of ``split`` for what every kind carries (labels, positions, masks, counts): a
+        readout's features already extracted, else the mean-pooled ones (no second pass for them)."""
+        for kind in self.readouts:
+            if (split, kind) in self.cache.memory:
+                return self.cache.memory[(split, kind)]
+        return self._entry(split, BLOCKS, 1)
+
+    def test_size(self) -> int:
+        """Labelled images of the test split."""
+        return len(self._labelled("test")["labels"])
+
     def features(self, split: str, kind: str = "blocks", last_blocks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """``(features, targets)`` of the whole ``train`` or ``test`` split (evaluation transform):
         ``[N, last_blocks * D]`` block features, ``[N, K, D]`` tokens or ``[N, K, last_blocks * D]``
@@ -166,7 +194,7 @@ class EvalContext:
         fabric = self.fabric
 
         def encode_batch(batch: LabeledBatch) -> torch.Tensor:
-            return encode(fabric, self.encoder, batch.images, kind, last_blocks, batch.frame_times)
+            return encode(fabric, self.encoder, batch.images, kind, last_blocks, batch.frame_times, self.readouts.get(kind))
 
         extras = DENSE_EXTRAS if is_dense(dataset) else None
 
@@ -219,7 +247,7 @@ class EvalContext:
 
     def _validation(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._split is None:
-            labels = self._entry("train", "blocks", 1)["labels"]
+            labels = self._labelled("train")["labels"]
             self._split = validation_split(labels, self.data.val_fraction, self.seed)
         return self._split
 
@@ -227,10 +255,10 @@ class EvalContext:
         """``(features, labels)`` of the validation part alone: block features are cut from the
         train split's (they are needed for its labels anyway); tokens are extracted for these
         images only, never for the whole train split (ImageNet's would not fit in memory)."""
-        if kind == "blocks":
+        if is_pooled(kind):
             x, y = self.features("train", kind, last_blocks)
             return x[self.val_idx], y[self.val_idx]
-        positions = self._entry("train", "blocks", 1)["positions"][self.val_idx].tolist()
+        positions = self._labelled("train")["positions"][self.val_idx].tolist()
 
         def make():
             return self.extract(Subset(self.data.dataset("train", self.size), positions), kind, last_blocks)
@@ -266,7 +294,7 @@ class EvalContext:
         (masks cropped and flipped with their images)."""
         self.steps_per_epoch(batch_size)  # checks the batch size
         fabric, world = self.fabric, self.fabric.world_size
-        positions = self._entry("train", "blocks", 1)["positions"][self.train_idx].tolist()
+        positions = self._labelled("train")["positions"][self.train_idx].tolist()
         dataset = SeededSamples(
             Subset(self.data.dataset("train", self.size, augment=True), positions), mix_seed(self.seed, AUGMENT_STREAM)
         )
@@ -291,7 +319,9 @@ class EvalContext:
         )
         for batch in loader:
             batch = batch.to(fabric.device)
-            features = encode(fabric, self.encoder, batch.images, kind, last_blocks, batch.frame_times)
+            features = encode(
+                fabric, self.encoder, batch.images, kind, last_blocks, batch.frame_times, self.readouts.get(kind)
+            )
             features = last_blocks_of(features, kind, last_blocks)
             if self.target == "labels":
                 targets = batch.labels

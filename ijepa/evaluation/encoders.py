@@ -77,6 +77,13 @@ class FrozenEncoder(nn.Module):
         side = self.image_size // self.patch_size
         return side, side
 
+    @property
+    def token_shape(self) -> tuple[int, ...]:
+        """The grid every token lies on: :attr:`token_grid` for images, ``(T', rows, columns)`` for clips."""
+        if self.num_frames:
+            return (self.num_frames // self.tubelet_size, *self.token_grid)
+        return self.token_grid
+
 
 class ViTEncoder(FrozenEncoder):
     """A trained :class:`~ijepa.nn.vit.VisionTransformer`, of images or clips. A clip encoder
@@ -126,11 +133,12 @@ class ViTEncoder(FrozenEncoder):
 
 
 class PixelEncoder(FrozenEncoder):
-    """Raw pixels as features, the floor every encoder should clear: the pooled feature is the
-    whole (normalised) image flattened, ``[B, 1, 3 H W]``; the tokens are its patches,
-    ``[B, (H/p)^2, 3 p p]``. One block. With ``num_frames > 0`` the same for clips: the whole clip
-    flattened, ``[B, 1, 3 T H W]``, and tubelet-sized tokens, ``[B, (T/t) (H/p)^2, 3 t p p]`` (frame
-    times carry nothing pixels could use: they are ignored)."""
+    """Raw pixels as features, the floor every encoder should clear, read as an encoder is: the
+    tokens are the (normalised) image's patches, ``[B, (H/p)^2, 3 p p]``, and the pooled feature
+    their mean, ``[B, 1, 3 p p]`` (the whole image flattened is ``GridReadout(grid: null)``,
+    :mod:`ijepa.evaluation.readouts`). One block. With ``num_frames > 0`` the same for clips:
+    tubelet-sized tokens, ``[B, (T/t) (H/p)^2, 3 t p p]`` (frame times carry nothing pixels could
+    use: they are ignored)."""
 
     def __init__(self, image_size: int, patch_size: int, num_frames: int = 0, tubelet_size: int = 2):
         super().__init__()
@@ -142,7 +150,7 @@ class PixelEncoder(FrozenEncoder):
             )
         self.patch_size, self.image_size, self.depth = patch_size, image_size, 1
         self.num_frames, self.tubelet_size = num_frames, tubelet_size if num_frames else 1
-        self.width = 3 * max(num_frames, 1) * image_size * image_size
+        self.width = 3 * self.tubelet_size * patch_size * patch_size
 
     @torch.no_grad()
     def block_means(
@@ -150,7 +158,7 @@ class PixelEncoder(FrozenEncoder):
     ) -> torch.Tensor:
         if last_blocks != 1:
             raise ValueError(f"last_blocks must be 1 for raw pixels (one 'block'), got {last_blocks}.")
-        return images.flatten(1).unsqueeze(1)
+        return self.tokens(images).mean(dim=1, keepdim=True)
 
     @torch.no_grad()
     def tokens(self, images: torch.Tensor, frame_times: torch.Tensor | None = None) -> torch.Tensor:

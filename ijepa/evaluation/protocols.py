@@ -31,6 +31,7 @@ from ijepa.classifiers import (
     top1,
 )
 from ijepa.evaluation.context import EvalContext
+from ijepa.evaluation.readouts import Readout, is_pooled, readout_from_config
 from ijepa.evaluation.splits import item_names, low_shot_indices, named_indices, read_subset_file
 from ijepa.nn.checks import check_range
 from ijepa.registry import concrete_subclasses
@@ -94,7 +95,11 @@ class Protocol(abc.ABC):
 
     def settings(self) -> dict:
         """The options, as the results file records them."""
-        return {key: value for key, value in vars(self).items() if not key.startswith("_")}
+        return {
+            key: value.config() if isinstance(value, Readout) else value
+            for key, value in vars(self).items()
+            if not key.startswith("_")
+        }
 
     @abc.abstractmethod
     def evaluate(self, ctx: EvalContext) -> dict:
@@ -124,32 +129,41 @@ class Protocol(abc.ABC):
 
 
 class KNNProtocol(Protocol):
-    """k-NN on mean-pooled features of the last block: cosine similarity, each of the ``k``
-    neighbours votes ``exp(cosine / temperature)`` (DINO). The bank is the train split without its
-    validation part; ``k`` is selected on the validation part.
+    """k-NN on pooled features of the last block (``readout``: the mean-pool by default): cosine
+    similarity, each of the ``k`` neighbours votes ``exp(cosine / temperature)`` (DINO). The bank
+    is the train split without its validation part; ``k`` is selected on the validation part.
 
     Args:
         ks: the neighbour counts tried (a k above the bank's size uses the whole bank).
         temperature: of the votes.
+        readout: how tokens become one vector (:mod:`ijepa.evaluation.readouts`; null: the mean).
         name: the results' name (default ``knn``).
     """
 
     kind = "knn"
 
-    def __init__(self, ks: list[int] = (10, 20, 100, 200), temperature: float = 0.07, name: str | None = None):
+    def __init__(
+        self,
+        ks: list[int] = (10, 20, 100, 200),
+        temperature: float = 0.07,
+        readout: Readout | None = None,
+        name: str | None = None,
+    ):
         super().__init__(name)
         self.ks = _check_counts(list(ks), "ks")
         check_range(temperature, "temperature", 0, low_open=True)
         self.temperature = temperature
+        self.readout = readout_from_config(readout)
 
     def evaluate(self, ctx: EvalContext) -> dict:
-        x_train, y_train, x_val, y_val = ctx.train_val("blocks", 1)
+        kind = ctx.pooled(self.readout)
+        x_train, y_train, x_val, y_val = ctx.train_val(kind, 1)
         device = ctx.fabric.device
         bank, bank_labels = x_train.to(device), y_train.to(device)
         val_scores = knn_sweep(bank, bank_labels, x_val.to(device), ctx.num_classes, self.ks, self.temperature)
         heads = [{"name": f"k={k}", "settings": {"k": k}, "val_top1": top1(val_scores[k], y_val)} for k in self.ks]
         best = select(heads)
-        x_test, y_test = ctx.features("test", "blocks", 1)
+        x_test, y_test = ctx.features("test", kind, 1)
         k = best["settings"]["k"]
         test = knn_sweep(bank, bank_labels, x_test.to(device), ctx.num_classes, [k], self.temperature)[k]
         return {
@@ -162,13 +176,14 @@ class KNNProtocol(Protocol):
 
 class LogRegProtocol(Protocol):
     """Logistic regression (L-BFGS, sklearn's objective ``C * sum CE + |W|^2 / 2``) on standardised
-    mean-pooled features of the last ``last_blocks`` blocks, over a sweep of ``C``; ``C`` is
+    pooled features of the last ``last_blocks`` blocks, over a sweep of ``C``; ``C`` is
     selected on the validation part of the train split.
 
     Args:
         Cs: the inverse regularisation strengths tried (DINOv2 sweeps 45 values over 1e-6 .. 1e5).
         max_iter: L-BFGS iterations per fit.
-        last_blocks: concatenate the mean-pooled outputs of this many last blocks.
+        last_blocks: concatenate the pooled outputs of this many last blocks.
+        readout: how tokens become one vector (:mod:`ijepa.evaluation.readouts`; null: the mean).
         name: the results' name (default ``logreg``).
     """
 
@@ -179,6 +194,7 @@ class LogRegProtocol(Protocol):
         Cs: list[float] = tuple(10.0 ** (e / 4) for e in range(-24, 21)),
         max_iter: int = 1000,
         last_blocks: int = 1,
+        readout: Readout | None = None,
         name: str | None = None,
     ):
         super().__init__(name)
@@ -186,6 +202,7 @@ class LogRegProtocol(Protocol):
         check_range(max_iter, "max_iter", 1)
         check_range(last_blocks, "last_blocks", 1)
         self.max_iter, self.last_blocks = max_iter, last_blocks
+        self.readout = readout_from_config(readout)
 
     def fit_select_test(self, ctx: EvalContext, x_train, y_train, x_val, y_val) -> tuple[list[dict], dict, float]:
         device = ctx.fabric.device
@@ -203,13 +220,13 @@ class LogRegProtocol(Protocol):
         ]
         best = select(heads)
         classifier = fits[heads.index(best)]["classifier"]
-        x_test, y_test = ctx.features("test", "blocks", self.last_blocks)
+        x_test, y_test = ctx.features("test", ctx.pooled(self.readout), self.last_blocks)
         with torch.no_grad():
             test = top1(classifier(x_test.to(device).to(classifier.weight.dtype)), y_test)
         return heads, best, test
 
     def evaluate(self, ctx: EvalContext) -> dict:
-        heads, best, test = self.fit_select_test(ctx, *ctx.train_val("blocks", self.last_blocks))
+        heads, best, test = self.fit_select_test(ctx, *ctx.train_val(ctx.pooled(self.readout), self.last_blocks))
         return {"heads": heads, "selected": best["name"], "val_top1": best["val_top1"], "test_top1": test}
 
 
@@ -235,7 +252,7 @@ class LowShotProtocol(Protocol):
         tries: draws per setting.
         Cs: the ``C`` sweep of each fit.
         max_iter: L-BFGS iterations per fit.
-        last_blocks: as :class:`LogRegProtocol`.
+        last_blocks, readout: as :class:`LogRegProtocol`.
         subset_files: files of image names, one a line (blank lines and ``#`` comments ignored).
         name: the results' name (default ``low_shot``).
     """
@@ -251,9 +268,11 @@ class LowShotProtocol(Protocol):
         max_iter: int = 1000,
         last_blocks: int = 1,
         subset_files: list[str] = (),
+        readout: Readout | None = None,
         name: str | None = None,
     ):
         super().__init__(name)
+        self.readout = readout_from_config(readout)
         self.fractions = [float(f) for f in fractions]
         for fraction in self.fractions:
             check_range(fraction, "fractions", 0, 1, low_open=True)
@@ -285,7 +304,7 @@ class LowShotProtocol(Protocol):
         that matches no labelled item of the train split, or a subset that empties validation."""
         names, sha256 = self._subsets[path]
         # positions: each feature row's index in the train dataset (unlabelled items have no row)
-        positions = ctx._entry("train", "blocks", self.last_blocks)["positions"]
+        positions = ctx._entry("train", ctx.pooled(self.readout), self.last_blocks)["positions"]
         dataset_names = item_names(ctx.data.dataset("train", ctx.size))
         rows = named_indices([dataset_names[p] for p in positions.tolist()], names, f"subset file {Path(path).name}")
         in_subset = torch.zeros(len(positions), dtype=torch.bool)
@@ -306,9 +325,9 @@ class LowShotProtocol(Protocol):
         return rows, val_rows, record
 
     def evaluate(self, ctx: EvalContext) -> dict:
-        x_all, y_all = ctx.features("train", "blocks", self.last_blocks)
+        x_all, y_all = ctx.features("train", ctx.pooled(self.readout), self.last_blocks)
         x_val, y_val = x_all[ctx.val_idx], y_all[ctx.val_idx]
-        inner = LogRegProtocol(self.Cs, self.max_iter, self.last_blocks)
+        inner = LogRegProtocol(self.Cs, self.max_iter, self.last_blocks, self.readout)
         settings = [("fraction", f, f"{100 * f:g}%") for f in self.fractions]
         settings += [("shots", s, f"{s}-shot") for s in self.shots]
         for key, value, _ in settings:  # every subset is checked before the first fit
@@ -455,7 +474,7 @@ class HeadGridProtocol(Protocol):
         kind, blocks = self.feature_kind, self.blocks_needed
         batch_size = self.batch_size or ctx.data.batch_size
         x_train, y_train, x_val, y_val = self.grid_splits(ctx)
-        width = x_val.size(-1) // (blocks if kind == "blocks" else 1)
+        width = x_val.size(-1) // (blocks if is_pooled(kind) else 1)
         grids, total = self.train_grids(ctx, width, x_train, y_train)
         step = total
         heads, classifiers = [], []
@@ -488,8 +507,9 @@ class LinearProtocol(HeadGridProtocol):
     Args:
         lrs: learning rates (one head each).
         weight_decays: weight decays (one head each, crossed with ``lrs``).
-        last_blocks: feature choices: concatenate the mean-pooled outputs of this many last blocks.
+        last_blocks: feature choices: concatenate the pooled outputs of this many last blocks.
         batch_norm: feature choices: a BatchNorm without affine before the heads, or not.
+        readout: how each block's tokens become one vector (:mod:`ijepa.evaluation.readouts`; null: the mean).
         epochs: passes over the train split.
         batch_size: images per step, across all processes (null: ``data.batch_size``).
         optimizer: ``sgd`` (momentum 0.9, as DINOv2) or ``adamw``.
@@ -512,9 +532,11 @@ class LinearProtocol(HeadGridProtocol):
         optimizer: str = "sgd",
         warmup_epochs: float = 0.0,
         augment: bool = True,
+        readout: Readout | None = None,
         name: str | None = None,
     ):
         super().__init__(lrs, weight_decays, epochs, batch_size, optimizer, warmup_epochs, augment, name)
+        self.readout = readout_from_config(readout)
         self.last_blocks = _check_counts(list(last_blocks), "last_blocks")
         if not batch_norm:
             raise ValueError("batch_norm must hold at least one value (false, true or both).")
@@ -523,6 +545,10 @@ class LinearProtocol(HeadGridProtocol):
     @property
     def blocks_needed(self) -> int:
         return max(self.last_blocks)
+
+    def evaluate(self, ctx: EvalContext) -> dict:
+        self.feature_kind = ctx.pooled(self.readout)  # the readout's features, registered with the context
+        return super().evaluate(ctx)
 
     def grids(self, ctx: EvalContext, width: int):
         if self.blocks_needed > ctx.encoder.depth:

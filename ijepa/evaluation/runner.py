@@ -161,7 +161,7 @@ class Evaluation:
                     "seed": self.data.seed,
                     "train_images": len(ctx.train_idx),
                     "val_images": len(ctx.val_idx),
-                    "test_images": len(ctx.features("test", "blocks", 1)[1]),
+                    "test_images": ctx.test_size(),
                     "num_classes": ctx.num_classes,
                 },
                 "processes": fabric.world_size,

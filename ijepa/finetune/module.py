@@ -26,7 +26,12 @@ from ijepa.finetune.heads import HeadKind, head_from_config
 from ijepa.finetune.lora import LoraOptions, add_lora, has_lora, merge_lora
 from ijepa.finetune.recipe import FinetuneOptim, build_optimizer, freeze_all_but_last, set_drop_path
 from ijepa.nn.stem import ConvStem
-from ijepa.nn.vit import VisionTransformer
+from ijepa.nn.vit import VisionTransformer, init_timm
+
+# How ``checkpoint: random`` initialises the encoder (``model.init``): timm's standard ViT init, the
+# fair from-scratch baseline, or I-JEPA's (the weights ``ijepa fit`` starts from: trunc-normal 0.02
+# everywhere, residual projections rescaled), which trains worse from labels alone (docs/finetuning.md).
+SCRATCH_INITS = {"timm": init_timm, "ijepa": None}
 
 # the architecture options a checkpoint must agree with (image size is adapted, not compared)
 COMPARED = ("patch_size", "embed_dim", "depth", "num_heads", "pos_embed", "stem", "in_channels")
@@ -80,6 +85,9 @@ class FineTuner(pl.LightningModule):
         encoder: ``target`` (the EMA encoder) or ``online`` of an ijepa checkpoint.
         architecture: the encoder options (a dict, or an ``ijepa fit`` config's path) that
             ``random`` builds; with a checkpoint, a check that it holds this architecture.
+        init: how ``random`` initialises the encoder (:data:`SCRATCH_INITS`): ``timm`` (timm's ViT
+            init, the default: a fair scratch) or ``ijepa`` (the weights ``ijepa fit --seed_everything
+            <seed>`` starts from); drawn from ``seed``. Ignored with a checkpoint.
         image_size: the images' side (set from ``data.image_size``); another size than the
             checkpoint's adapts its positions as ``ijepa eval`` does.
         num_classes: classes of the head; null: the data's (a value that disagrees is refused).
@@ -101,6 +109,7 @@ class FineTuner(pl.LightningModule):
         checkpoint: str | None = RANDOM,
         encoder: str = "target",
         architecture: dict | str | None = None,
+        init: str = "timm",
         image_size: int | None = None,
         num_classes: int | None = None,
         head: HeadKind | None = None,
@@ -120,6 +129,8 @@ class FineTuner(pl.LightningModule):
             raise ValueError(
                 "model.lora and model.trainable_blocks exclude each other: LoRA freezes the whole encoder."
             )
+        if init not in SCRATCH_INITS:
+            raise ValueError(f"model.init must be one of {', '.join(SCRATCH_INITS)}, got {init!r}.")
         if num_classes is not None and num_classes < 2:
             raise ValueError(f"model.num_classes must be >= 2 (or null: the data's), got {num_classes}.")
         self.save_hyperparameters(ignore=["head", "optim", "lora", "network"])
@@ -135,7 +146,7 @@ class FineTuner(pl.LightningModule):
         if network is not None:  # a fine-tuned checkpoint read back: its own architecture
             self.encoder = build_network(network)
         else:
-            self.encoder = self.open(checkpoint, encoder, architecture, image_size, seed)
+            self.encoder = self.open(checkpoint, encoder, architecture, image_size, seed, init)
         self.hparams["network"] = network_spec(self.encoder)
         self.encoder.requires_grad_(True)
         set_drop_path(self.encoder, drop_path_rate)
@@ -149,12 +160,16 @@ class FineTuner(pl.LightningModule):
             self.encoder.compile()
 
     @staticmethod
-    def open(checkpoint, encoder, architecture, image_size, seed) -> VisionTransformer:
+    def open(checkpoint, encoder, architecture, image_size, seed, init="ijepa") -> VisionTransformer:
         opened, _ = open_encoder(
             checkpoint, encoder, image_size=image_size, architecture=architecture, seed=seed,
             architecture_flag="--model.architecture",
         )  # fmt: skip
         network = opened.network
+        if checkpoint == RANDOM and SCRATCH_INITS[init] is not None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                SCRATCH_INITS[init](network)
         if checkpoint != RANDOM and architecture is not None:
             check_architecture(network_spec(network), architecture_options(architecture), checkpoint)
         network.train()

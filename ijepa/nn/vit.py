@@ -182,6 +182,22 @@ def init_vit_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
+def init_timm(network: nn.Module) -> None:
+    """timm's ViT init (``VisionTransformer.init_weights(mode="")``), the standard a from-scratch
+    baseline is trained from: trunc-normal(0.02) linear weights and zero biases, PyTorch's own
+    init of the convolutions (the patch embedding: Kaiming-uniform, fan-in bounded), unit
+    LayerNorms, the position encoding's own draw (a learned table: trunc-normal 0.02); no residual
+    rescaling. Draws from the global RNG."""
+    for module in network.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.trunc_normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, (nn.Conv2d, nn.Conv3d, nn.LayerNorm)):
+            module.reset_parameters()
+    network.transformer.position.reset_parameters()
+
+
 def rescale_residual_branches(blocks: nn.ModuleList) -> None:
     """Divide each block's residual output projections by ``sqrt(2 * layer)``, as I-JEPA does,
     so the residual stream's variance does not grow with depth at init."""

@@ -30,6 +30,7 @@ from ijepa.evaluation.cache import FeatureCache
 from ijepa.evaluation.context import EvalContext, encode
 from ijepa.evaluation.data import ClipAugment
 from ijepa.evaluation.encoders import PixelEncoder, open_encoder
+from ijepa.evaluation.readouts import GridReadout
 from ijepa.evaluation.runner import build_parser, main
 from ijepa.interop import save_lightning_checkpoint
 from ijepa.module import IJEPA
@@ -166,11 +167,16 @@ def test_the_augmentation_crops_and_flips_every_frame_of_a_clip_alike(clips):
     assert not torch.allclose(augmented[0][0], plain[0][0])
 
 
-def test_the_pixel_baseline_on_clips_is_the_whole_clip_and_tubelet_tokens(tmp_path):
+def test_the_pixel_baseline_on_clips_is_tubelet_tokens_their_mean_and_under_every_token_the_whole_clip(tmp_path):
     encoder = PixelEncoder(16, 8, num_frames=4, tubelet_size=2)
     clips = torch.randn(2, 3, 4, 16, 16)
-    assert encoder.width == 3 * 4 * 16 * 16 and torch.equal(encoder.block_means(clips, 1)[:, 0], clips.flatten(1))
     tokens = encoder.tokens(clips)
+    assert encoder.width == 3 * 2 * 8 * 8 and torch.equal(encoder.block_means(clips, 1)[:, 0], tokens.mean(1))
+    whole = GridReadout(None).pool(encoder.block_tokens(clips, 1), encoder.token_shape)[:, 0]
+    assert encoder.token_shape == (2, 2, 2)
+    assert torch.equal(whole.sort(1).values, clips.flatten(1).sort(1).values)  # the clip's values, reordered
+    with pytest.raises(ValueError, match=r"GridReadout\(grid=2\) pools an image's 2-D token grid; clip tokens"):
+        GridReadout(2).pool(encoder.block_tokens(clips, 1), encoder.token_shape)
     assert tokens.shape == (2, 2 * 2 * 2, 3 * 2 * 8 * 8)
     # token (t, row, column) is that tubelet, in the (t, r, c) order of the clip encoder's tokens
     t, r, c = 1, 0, 1

@@ -1,0 +1,106 @@
+"""The fine-tuning study (``ijepa.studies.finetune``) and its plain loop
+(``ijepa.studies.plain_finetune``): the plain loop runs end to end on a checkpoint's timm export
+and refuses bad options in one line; the study runs each row's command once, picks the scratch's
+recipe on validation, and its table reads the gains over the better fair scratch and both goals."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import ROOT, TINY_MODEL
+
+from ijepa.interop import save_lightning_checkpoint
+from ijepa.module import IJEPA
+from ijepa.studies import finetune, plain_finetune
+
+pytest.importorskip("timm")
+
+
+def tiny_config(tmp_path: Path) -> Path:
+    """configs/finetune/quickstart.yaml at a toy size: 32 px, 96 train images, 4 steps."""
+    config = yaml.safe_load((ROOT / "configs/finetune/quickstart.yaml").read_text())
+    config["trainer"]["max_steps"] = 4
+    config["model"]["optim"]["warmup_steps"] = 1
+    config["data"]["source"]["init_args"].update(train_size=96, val_size=32)
+    config["data"].update(image_size=32, batch_size=16)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_the_plain_loop_fine_tunes_a_checkpoints_timm_export_and_its_timm_init(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    checkpoint = save_lightning_checkpoint(IJEPA(**TINY_MODEL), tmp_path / "tiny.ckpt")
+    out = tmp_path / "plain"
+    monkeypatch.setattr(sys, "argv", ["plain"])
+    plain_finetune.main(
+        ["--config", str(tiny_config(tmp_path)), "--checkpoint", str(checkpoint), "--starts", "pretrained",
+         "timm-init", "--scratch-grid", "0.002:1", "0.004", "--val-every", "2", "--out", str(out)]
+    )  # fmt: skip
+    names = sorted(path.name for path in out.glob("*.json"))
+    assert names == ["pretrained_lr0.001_f1_s0.json", "timm-init_lr0.002_f1_s0.json", "timm-init_lr0.004_f1_s0.json"]
+    result = json.loads((out / "timm-init_lr0.004_f1_s0.json").read_text())
+    assert [point["step"] for point in result["curve"]] == [2, 4]
+    assert result["recipe"]["layer_decay"] == 0.75 and result["lr"] == 0.004  # the config's decay where none is given
+    assert json.loads((out / "timm-init_lr0.002_f1_s0.json").read_text())["recipe"]["layer_decay"] == 1.0
+    best = max(result["curve"], key=lambda point: point["val_top1"])
+    assert result["test_top1"] == best["test_top1"] and 0 <= result["test_top1"] <= 1
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--scratch-grid", "0.001:1.5"], "layer decay in (0, 1]"),
+        (["--grid", "fast"], "a grid point is LR or LR:LAYER_DECAY, got 'fast'"),
+        (["--val-every", "0"], "--val-every must be >= 1, got 0"),
+        (["--label-fractions", "0"], "--label-fractions must lie in (0, 1], got 0.0"),
+    ],
+)
+def test_the_plain_loops_bad_options_are_one_line(options, message, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        plain_finetune.main(["--checkpoint", "x.ckpt", "--out", str(tmp_path), *options])
+    assert message in capsys.readouterr().err
+
+
+def write_run(root: Path, name: str, test: float, val: float, seconds: float = 10.0) -> None:
+    folder = root / name / "lightning_logs" / "version_0"
+    folder.mkdir(parents=True)
+    (folder / "finetune.json").write_text(json.dumps({"test_top1": test, "best_val_top1": val, "fit_seconds": seconds}))
+
+
+def write_plain(root: Path, start: str, lr: float, fraction: float, seed: int, test: float, val: float) -> None:
+    folder = root / "plain"
+    folder.mkdir(exist_ok=True)
+    record = {"test_top1": test, "val_top1": val, "fit_seconds": 5.0, "lr": lr, "seed": seed, "label_fraction": fraction}
+    (folder / plain_finetune.result_name(start, lr, fraction, seed)).write_text(json.dumps(record))
+
+
+def test_the_table_gains_are_over_the_better_fair_scratch_and_the_goals_are_read_per_seed(tmp_path):
+    for seed, (ours, plain, scratch, plain_scratch) in enumerate(((0.40, 0.41, 0.30, 0.33), (0.42, 0.45, 0.36, 0.35))):
+        write_run(tmp_path, f"pretrained_f0.1_s{seed}", ours, 0.5)
+        write_plain(tmp_path, "pretrained", 0.001, 0.1, seed, plain, 0.5)
+        write_run(tmp_path, f"scratch_f0.1_s{seed}_lr0.002", scratch, 0.4)
+        write_plain(tmp_path, "timm-init", 0.002, 0.1, seed, plain_scratch, 0.4)
+        write_plain(tmp_path, "timm-init", 0.004, 0.1, seed, 0.99, 0.1)  # a worse validation: never chosen
+    found = finetune.records(tmp_path)
+    assert found[("plain_scratch", 0.1)][0]["lr"] == 0.002
+    text = finetune.table(tmp_path)
+    assert "| 10 % | pretrained | 2 | 41.0 ± 1.0 | s0 40.0, s1 42.0 | s0 +7.0, s1 +6.0 | - | 10 |" in text
+    assert "| 10 % | scratch | 2 |" in text and "s0 0.002, s1 0.002" in text
+    assert "`ijepa finetune` minus the plain loop, within 1.5 every seed): s0 -1.0, s1 -3.0: not met." in text
+    assert "Goal (pretrained >= the fair scratch + 5 points with 10 % labels on every seed): met." in text
+
+
+def test_the_scratch_takes_the_recipe_its_plain_twin_chose_on_validation(tmp_path):
+    args = finetune.main.__globals__["argparse"].Namespace(
+        root=tmp_path, data="shapes", seeds=[0], fractions=[0.1], rows=["scratch"], pretrained=None,
+        pretrained_name="pretrain", fit_args="", finetune_args="", plain_args="",
+    )  # fmt: skip
+    study = finetune.Study(args)
+    assert study.scratch_grid(0.1, 0) == finetune.SCRATCH_GRID  # no plain runs yet: the whole grid
+    for (lr, _), val in zip(finetune.SCRATCH_GRID, (0.3, 0.5, 0.4)):
+        write_plain(tmp_path / "shapes", "timm-init", lr, 0.1, 0, 0.0, val)
+    assert study.scratch_grid(0.1, 0) == (finetune.SCRATCH_GRID[1],)
