@@ -46,7 +46,12 @@ def fake_runs(monkeypatch):
     monkeypatch.setattr(
         learning_curve,
         "evaluate",
-        lambda run_dir, checkpoint, *a, **k: (0.5 if run_dir.name.startswith("x") else 0.6, 0.1),
+        lambda run_dir, checkpoint, *a, **k: (
+            {"eval_linear_top1": 0.5, "eval_linear_tokens_top1": 0.7}
+            if run_dir.name.startswith("x")
+            else {"eval_linear_top1": 0.6, "eval_linear_tokens_top1": 0.65},
+            0.1,
+        ),
     )
     return fits
 
@@ -78,7 +83,8 @@ def test_a_spent_budget_skips_the_fits_a_rerun_runs_them_and_a_third_run_skips_w
     again = run(tmp_path)
     assert again == timed and len(fake_runs) == 2  # kept rows are read back, not rerun
     table = learning_curve.table(tmp_path / "shapes")
-    assert "| 10x | 0 | 40 | 20 |" in table and "| 50.0 | -10.0 |" in table  # eval 0.5 against pixels' 0.6
+    # eval 0.5 against pixels' 0.6 under the mean readout, 0.7 against 0.65 under every token
+    assert "| 10x | 0 | 40 | 20 |" in table and "| 50.0 | 70.0 | -10.0 / +5.0 |" in table
 
 
 def test_the_study_refuses_bad_budgets_multiples_and_folders(tmp_path, capsys):

@@ -423,6 +423,7 @@ def write_dense_run(folder, knn=None, linear_probe=None, wall_s=None, skipped=()
         (folder / "wall_time.json").write_text(json.dumps({"wall_s": wall_s}))
     files = {
         "linear": ("linear", "test_top1"),
+        "linear_tokens": ("linear", "test_top1"),
         "segmentation": ("dense", "test_miou"),
         "counting": ("dense", "test_top1"),
     }
@@ -438,8 +439,9 @@ def test_dense_table_gives_means_over_seeds_the_per_seed_gains_and_dashes_for_wh
 
     root = tmp_path / "shapes"
     write_dense_run(
-        root / "recipe_s0", [(0, 0.10), (599, 0.30)], [(0, 0.10), (599, 0.40)], 100.0, linear=0.50, segmentation=0.20
-    )
+        root / "recipe_s0", [(0, 0.10), (599, 0.30)], [(0, 0.10), (599, 0.40)], 100.0, linear=0.50, segmentation=0.20,
+        linear_tokens=0.70,
+    )  # fmt: skip
     (root / "recipe_s0" / "eval" / "dense" / "counting.json").write_text(
         '{"version": 1, "protocol": "counting", "name": "counting", "test_top1": 0.60}'
     )
@@ -449,16 +451,16 @@ def test_dense_table_gives_means_over_seeds_the_per_seed_gains_and_dashes_for_wh
     write_dense_run(root / "+context_s0", [(0, 0.10), (599, 0.30)], [(0, 0.10), (599, 0.40)], 90.0)
     write_dense_run(root / "+best_s0", [(0, 0.1), (599, 0.2)], [(0, 0.1), (599, 0.2)], 1.0, skipped=[(10, 0), (590, 2)])
     write_dense_run(root / "+best_s1", [(0, 0.1)], [(0, 0.1)], skipped=[(10, 0)])  # still training: not a seed yet
-    write_dense_run(root / "pixels_s0", linear=0.45)
+    write_dense_run(root / "pixels_s0", linear=0.45, linear_tokens=0.75)
     main(["table", "--root", str(tmp_path)])
     out = capsys.readouterr().out
     # k-NN ends 30 and 26, gains 20 and 14; linear ends 40 and 36, gains 30 and 24; counting of seed 0 only
     assert (
-        "| recipe | 2 | 28.0 ± 2.0 | 17.0 ± 3.0 | 38.0 ± 2.0 | 27.0 ± 3.0 | 52.0 ± 2.0 | 22.0 ± 2.0 | - | 60.0 ± 0.0 | 110 |"
-        in out
-    )
-    assert "| +context | 1 | 30.0 ± 0.0 | 20.0 ± 0.0 | 40.0 ± 0.0 | 30.0 ± 0.0 | - | - | - | - | 90 |" in out
-    assert "| pixels | 1 | - | - | - | - | 45.0 ± 0.0 | - | - | - | - |" in out
+        "| recipe | 2 | 28.0 ± 2.0 | 17.0 ± 3.0 | 38.0 ± 2.0 | 27.0 ± 3.0 | 52.0 ± 2.0 | 70.0 ± 0.0 | 22.0 ± 2.0 | - | "
+        "60.0 ± 0.0 | 110 |" in out
+    )  # every-token linear of seed 0 only
+    assert "| +context | 1 | 30.0 ± 0.0 | 20.0 ± 0.0 | 40.0 ± 0.0 | 30.0 ± 0.0 | - | - | - | - | - | 90 |" in out
+    assert "| pixels | 1 | - | - | - | - | 45.0 ± 0.0 | 75.0 ± 0.0 | - | - | - | - |" in out
     assert "plain" not in out and "random init" not in out  # no folders: no rows
     # the goal: +16 k-NN and +25 linear on every seed
     assert "| recipe | s0 +20.0, s1 +14.0 | s0 +30.0, s1 +24.0 | no | - |" in out

@@ -238,7 +238,7 @@ def eval_configs(
 def expected_results(data: str) -> dict[str, tuple[str, ...]]:
     """``{eval folder: results files}`` of one encoder."""
     return {
-        "linear": ("linear.json",),
+        "linear": ("linear.json", "linear_tokens.json"),
         "dense": ("segmentation.json",) + (("counting.json",) if data == "shapes" else ()),
     }
 
@@ -357,6 +357,7 @@ def run(args: argparse.Namespace) -> None:
 def eval_scores(folder: Path) -> dict[str, float]:
     files = {
         "eval_linear": ("linear/linear.json", "test_top1"),
+        "eval_linear_tokens": ("linear/linear_tokens.json", "test_top1"),
         "miou": ("dense/segmentation.json", "test_miou"),
         "ceiling": ("dense/segmentation.json", "ceiling_miou"),
         "counting": ("dense/counting.json", "test_top1"),
@@ -402,8 +403,9 @@ def table(data_root: Path) -> str:
     rows = records(data_root)
     lines = [
         "| variant | seeds | in-fit k-NN % end | k-NN gain | in-fit linear % end | linear gain | "
-        "`ijepa eval` linear % | segmentation mIoU % | its ceiling % | counting % | fit wall s (median) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "`ijepa eval` linear %, mean | every token | segmentation mIoU % | its ceiling % | counting % | "
+        "fit wall s (median) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row, runs in rows.items():
         if not runs:
@@ -415,6 +417,7 @@ def table(data_root: Path) -> str:
             "linear_top1_end",
             "linear_top1_gain",
             "eval_linear",
+            "eval_linear_tokens",
             "miou",
             "ceiling",
             "counting",

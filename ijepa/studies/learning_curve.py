@@ -95,13 +95,19 @@ def run_logged(command: list[str], log_file: Path) -> float:
 
 
 def evaluate(run_dir: Path, checkpoint: str, config: Path, seed: int, extra: list[str], image_size: int | None = None):
-    """``ijepa eval`` linear of ``checkpoint`` into ``run_dir/eval``: test top-1 and wall."""
+    """``ijepa eval`` linear of ``checkpoint`` into ``run_dir/eval``: ``({readout key: test top-1},
+    wall)``, the key ``eval_linear_top1`` for the mean readout and ``eval_linear_tokens_top1`` for
+    every token (when the config runs it)."""
     out = run_dir / "eval"
     command = [*IJEPA, "eval", "--config", str(config), "--checkpoint", checkpoint, "--output_dir", str(out)]
     if image_size is not None:
         command += ["--data.image_size", str(image_size)]
     wall = run_logged([*command, f"--data.seed={seed}", "--cache=false", *extra], run_dir / "eval.log")
-    return json.loads((out / "linear.json").read_text())["test_top1"], wall
+    scores = {}
+    for name, key in (("linear", "eval_linear_top1"), ("linear_tokens", "eval_linear_tokens_top1")):
+        if (out / f"{name}.json").is_file():
+            scores[key] = json.loads((out / f"{name}.json").read_text())["test_top1"]
+    return scores, wall
 
 
 def emit(run_dir: Path, row: dict) -> dict:
@@ -144,17 +150,17 @@ def run(args: argparse.Namespace) -> list[dict]:
         model, _ = instantiate(FIT_CONFIG, common)
         random_dir.mkdir(parents=True, exist_ok=True)
         save_lightning_checkpoint(model, random_dir / "random_init.ckpt")
-        top1, wall = evaluate(random_dir, str(random_dir / "random_init.ckpt"), linear, args.seed, eval_extra)
+        scores, wall = evaluate(random_dir, str(random_dir / "random_init.ckpt"), linear, args.seed, eval_extra)
         reserve = max(reserve, 1.5 * wall)
         row = emit(random_dir, {"data": args.data, "run": "random init", "seed": args.seed, "max_steps": 0,
-                                "steps_reached": 0, "eval_linear_top1": top1})  # fmt: skip
+                                "steps_reached": 0, **scores})  # fmt: skip
     rows.append(row)
     pixels_dir = data_root / f"pixels_s{args.seed}"
     if (row := done(pixels_dir)) is None:
         model, _ = instantiate(FIT_CONFIG, common)
         size = model.hparams.image_size
-        top1, _ = evaluate(pixels_dir, "pixels", pixels, args.seed, eval_extra, size)
-        row = emit(pixels_dir, {"data": args.data, "run": "raw pixels", "seed": args.seed, "eval_linear_top1": top1})
+        scores, _ = evaluate(pixels_dir, "pixels", pixels, args.seed, eval_extra, size)
+        row = emit(pixels_dir, {"data": args.data, "run": "raw pixels", "seed": args.seed, **scores})
     rows.append(row)
 
     for multiple in args.multiples:
@@ -181,11 +187,11 @@ def run(args: argparse.Namespace) -> list[dict]:
         if checkpoint is None:
             raise SystemExit(f"learning_curve: the fit of x{multiple} left no last.ckpt under {run_dir}")
         reached = torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
-        top1, eval_wall = evaluate(run_dir, str(checkpoint), linear, args.seed, eval_extra)
+        scores, eval_wall = evaluate(run_dir, str(checkpoint), linear, args.seed, eval_extra)
         reserve = max(reserve, 1.5 * eval_wall)
         row = {"data": args.data, "run": f"{multiple}x", "seed": args.seed, "max_steps": planned,
                "steps_reached": reached, "stopped_by": "max_steps" if reached >= planned else "budget",
-               "wall_s": round(wall, 1), "eval_linear_top1": top1, **in_fit_probes(run_dir)}  # fmt: skip
+               "wall_s": round(wall, 1), **scores, **in_fit_probes(run_dir)}  # fmt: skip
         rows.append(emit(run_dir, row))
     (data_root / "provenance.json").write_text(json.dumps({"commit": commit(), "argv": sys.argv[1:]}) + "\n")
     return rows
@@ -195,22 +201,27 @@ def table(data_root: Path) -> str:
     """The markdown table of every row under ``data_root``: budget order, baselines first."""
     rows = [json.loads(p.read_text()) for p in data_root.glob("*/curve.json")]
     rows.sort(key=lambda r: (r.get("max_steps", -1), r.get("seed", 0)))
-    pixels = {r["seed"]: r["eval_linear_top1"] for r in rows if r["run"] == "raw pixels"}
+    pixels = {r["seed"]: r for r in rows if r["run"] == "raw pixels"}
+    keys = ("eval_linear_top1", "eval_linear_tokens_top1")  # the mean readout, every token
     lines = [
-        "| run | seed | steps planned | steps reached | wall s | in-fit k-NN | in-fit linear | `ijepa eval` linear | "
-        "against raw pixels |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | seed | steps planned | steps reached | wall s | in-fit k-NN | in-fit linear | `ijepa eval` linear, "
+        "mean | every token | against raw pixels, mean / every token |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
 
         def pct(key, r=r):
             return f"{100 * r[key]:.1f}" if r.get(key) is not None else "-"
 
-        against = f"{100 * (r['eval_linear_top1'] - pixels[r['seed']]):+.1f}" if r["seed"] in pixels else "-"
+        def against(key, r=r):
+            floor = pixels.get(r["seed"], {}).get(key)
+            return f"{100 * (r[key] - floor):+.1f}" if floor is not None and r.get(key) is not None else "-"
+
+        versus = "" if r["run"] == "raw pixels" else " / ".join(against(key) for key in keys)
         lines.append(
             f"| {r['run']} | {r['seed']} | {r.get('max_steps', '-')} | {r.get('steps_reached', '-')} | "
-            f"{r.get('wall_s', '-')} | {pct('knn_top1')} | {pct('linear_top1')} | {pct('eval_linear_top1')} | "
-            f"{against if r['run'] != 'raw pixels' else ''} |"
+            f"{r.get('wall_s', '-')} | {pct('knn_top1')} | {pct('linear_top1')} | {pct(keys[0])} | {pct(keys[1])} | "
+            f"{versus} |"
         )
     return "\n".join(lines)
 

@@ -201,3 +201,8 @@ def test_eval_refuses_a_missing_data_folder_before_anything_is_built(capsys, tmp
     common = ["eval", "--config", "configs/eval/stl10.yaml", "--checkpoint", "random"]
     err = error_of(capsys, [*common, "--architecture", "configs/quickstart.yaml", f"--data.source.root={tmp_path}"])
     assert err.startswith("error: STL-10 not found") and f"{tmp_path}/stl10_binary" in err  # the source given
+
+
+def test_an_unknown_scratch_init_names_the_option_and_its_choices(capsys):
+    err = error_of(capsys, ["finetune", "--config", "configs/finetune/quickstart.yaml", "--model.init", "xavier"])
+    assert "model.init must be one of timm, ijepa, got 'xavier'" in err and len(err.strip().splitlines()) == 1

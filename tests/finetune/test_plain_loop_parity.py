@@ -130,3 +130,16 @@ def test_model_init_names_its_choices():
     with pytest.raises(ValueError, match=r"model.init must be one of timm, ijepa, got 'xavier'"):
         FineTuner(checkpoint="random", architecture=ARCH, num_classes=3, init="xavier")
     assert set(SCRATCH_INITS) == {"timm", "ijepa"}
+
+
+def test_the_ijepa_init_is_the_encoder_ijepa_fit_starts_from_and_timms_is_another_draw():
+    from conftest import TINY_CONFIG
+
+    from ijepa.cli import instantiate
+
+    model, _ = instantiate(TINY_CONFIG, ["--seed_everything=3"])
+    fit_start = model.target_encoder.state_dict()
+    ijepa = FineTuner(checkpoint="random", architecture=str(TINY_CONFIG), num_classes=3, seed=3, init="ijepa")
+    fair = FineTuner(checkpoint="random", architecture=str(TINY_CONFIG), num_classes=3, seed=3)
+    assert all(torch.equal(value, fit_start[key]) for key, value in ijepa.encoder.state_dict().items())
+    assert not torch.equal(fair.encoder.patch_embed.proj.weight, fit_start["patch_embed.proj.weight"])
