@@ -24,7 +24,9 @@ def target_share(name: str, batches: int = 50) -> float:
     return float(torch.cat(shares).mean())
 
 
-@pytest.mark.parametrize("name, ratio", [("random_masks_050", 0.5), ("random_masks_065", 0.65), ("random_masks_075", 0.75)])
+@pytest.mark.parametrize(
+    "name, ratio", [("random_masks_050", 0.5), ("random_masks_065", 0.65), ("random_masks_075", 0.75)]
+)
 def test_scattered_targets_take_their_ratio_of_the_grid(name, ratio):
     assert target_share(name, batches=5) == pytest.approx(round(36 * ratio) / 36, abs=1 / 36)
 

@@ -74,7 +74,14 @@ def write_run(root: Path, name: str, test: float, val: float, seconds: float = 1
 def write_plain(root: Path, start: str, lr: float, fraction: float, seed: int, test: float, val: float) -> None:
     folder = root / "plain"
     folder.mkdir(exist_ok=True)
-    record = {"test_top1": test, "val_top1": val, "fit_seconds": 5.0, "lr": lr, "seed": seed, "label_fraction": fraction}
+    record = {
+        "test_top1": test,
+        "val_top1": val,
+        "fit_seconds": 5.0,
+        "lr": lr,
+        "seed": seed,
+        "label_fraction": fraction,
+    }
     (folder / plain_finetune.result_name(start, lr, fraction, seed)).write_text(json.dumps(record))
 
 
@@ -104,3 +111,40 @@ def test_the_scratch_takes_the_recipe_its_plain_twin_chose_on_validation(tmp_pat
     for (lr, _), val in zip(finetune.SCRATCH_GRID, (0.3, 0.5, 0.4)):
         write_plain(tmp_path / "shapes", "timm-init", lr, 0.1, 0, 0.0, val)
     assert study.scratch_grid(0.1, 0) == (finetune.SCRATCH_GRID[1],)
+
+
+def test_evals_score_the_frozen_pretrained_encoder_its_random_init_and_pixels_under_both_readouts(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    commands = []
+    monkeypatch.setattr(finetune, "logged", lambda command, log_file, log: commands.append(command))
+    args = finetune.main.__globals__["argparse"].Namespace(
+        root=tmp_path, data="shapes", seeds=[2], fractions=[0.1], rows=[], pretrained=tmp_path / "fits",
+        pretrained_name="pretrain", fit_args="", finetune_args="", plain_args="", evals=True,
+    )  # fmt: skip
+    checkpoint = tmp_path / "fits" / "pretrain_s2" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.touch()
+    finetune.Study(args).run()
+    assert [c[c.index("--checkpoint") + 1] for c in commands] == [str(checkpoint), "random", "pixels"]
+    assert all("--data.seed=2" in c and "--cache=false" in c for c in commands)
+    assert commands[1][commands[1].index("--architecture") + 1] == finetune.FIT_CONFIG  # the fit's step 0
+    assert commands[2][commands[2].index("--data.image_size") + 1] == "48"
+    linear = yaml.safe_load((tmp_path / "shapes" / "linear.yaml").read_text())["protocols"]
+    assert [p["init_args"].get("name") for p in linear] == [None, "linear_tokens"]  # both readouts
+    pixels = yaml.safe_load(Path(commands[2][commands[2].index("--config") + 1]).read_text())["protocols"]
+    assert all(p["init_args"]["last_blocks"] == [1] for p in pixels)
+    for encoder, (mean, tokens) in {"pretrained": (0.7, 0.8), "random_init": (0.6, 0.8), "pixels": (0.4, 0.82)}.items():
+        folder = tmp_path / "shapes" / f"eval_{encoder}_s2"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "linear.json").write_text(json.dumps({"test_top1": mean}))
+        (folder / "linear_tokens.json").write_text(json.dumps({"test_top1": tokens}))
+    text = finetune.frozen_table(tmp_path / "shapes")
+    assert (
+        "| pixels | every token | 1 | 82.0 | s2 82.0 |" in text
+        and "| random init | mean | 1 | 60.0 | s2 60.0 |" in text
+    )
+    commands.clear()
+    finetune.Study(args).run()
+    assert commands == []  # done: nothing runs again

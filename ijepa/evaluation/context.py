@@ -194,7 +194,9 @@ class EvalContext:
         fabric = self.fabric
 
         def encode_batch(batch: LabeledBatch) -> torch.Tensor:
-            return encode(fabric, self.encoder, batch.images, kind, last_blocks, batch.frame_times, self.readouts.get(kind))
+            return encode(
+                fabric, self.encoder, batch.images, kind, last_blocks, batch.frame_times, self.readouts.get(kind)
+            )
 
         extras = DENSE_EXTRAS if is_dense(dataset) else None
 

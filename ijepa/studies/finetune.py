@@ -39,9 +39,10 @@ import shlex
 import statistics
 from pathlib import Path
 
+import yaml
 
-from ijepa.studies.dense import Log, last_checkpoint, logged
-from ijepa.studies.evaluation import commit
+from ijepa.studies.dense import LINEAR_EVAL, Log, last_checkpoint, logged, write_config
+from ijepa.studies.evaluation import commit, pixel_config
 from ijepa.studies.learning import DATA, write_digits_folder
 
 FIT_CONFIG = "configs/quickstart.yaml"
@@ -61,6 +62,9 @@ SCRATCH_GRID = ((1e-3, 0.75), (2e-3, 1.0), (4e-3, 1.0))
 PROBE_ARGS = ("--model.trainable_blocks=0", "--model.drop_path_rate=0.0", "--model.optim.lr=0.01")
 GOAL = 0.05  # pretrained at least 5 points over the fair scratch with 10% labels, on every seed
 PARITY = 0.015  # ijepa finetune within 1.5 points of the plain loop on the same weights, every seed
+# the frozen encoders `--evals` scores with ijepa eval's linear grid under both readouts
+FROZEN = ("pretrained", "random init", "pixels")
+READOUTS = {"linear": "mean", "linear_tokens": "every token"}  # results file -> readout
 
 
 def results_file(run_dir: Path) -> Path | None:
@@ -118,7 +122,12 @@ class Study:
                 continue
             start = {"pretrained": self.pretrained, "probe": self.pretrained, "student": self.student}
             checkpoint = str(start[row](seed)) if row in start else "random"
-            command = ["ijepa", "finetune", f"--config={FINETUNE_CONFIGS[self.data]}", f"--model.checkpoint={checkpoint}"]
+            command = [
+                "ijepa",
+                "finetune",
+                f"--config={FINETUNE_CONFIGS[self.data]}",
+                f"--model.checkpoint={checkpoint}",
+            ]
             if row == "student":
                 command.append("--model.architecture=null")  # the student is narrower than the config's architecture
             if row == "scratch_ijepa":
@@ -128,7 +137,11 @@ class Study:
             if self.folder is not None:
                 command.append(f"--data.source.root={self.folder}")
             command += [f"--data.label_fraction={fraction}", f"--seed_everything={seed}", f"--data.seed={seed}"]
-            command += [f"--model.seed={seed}", f"--trainer.default_root_dir={run_dir}", "--trainer.enable_progress_bar=false"]
+            command += [
+                f"--model.seed={seed}",
+                f"--trainer.default_root_dir={run_dir}",
+                "--trainer.enable_progress_bar=false",
+            ]
             command += list(PROBE_ARGS) if row == "probe" else []
             logged(command + shlex.split(self.args.finetune_args), run_dir / "finetune.log", self.log)
 
@@ -159,7 +172,37 @@ class Study:
                 scored.append((json.loads(path.read_text())["val_top1"], -lr, (lr, decay)))
         return (max(scored)[2],) if len(scored) == len(SCRATCH_GRID) else SCRATCH_GRID
 
+    def evaluate(self, seed: int) -> None:
+        """``ijepa eval``'s linear grid (``configs/eval/quickstart.yaml``'s, under the mean and
+        every-token readouts) of the frozen pretrained encoder, its random init (I-JEPA's, the
+        fit's step 0) and raw pixels, into ``<data>/eval_<encoder>_s<seed>``."""
+        source = (
+            None
+            if self.folder is None
+            else {"class_path": "ijepa.data.ImageFolderSource", "init_args": {"root": str(self.folder)}}
+        )
+        linear = write_config(self.data_root / "linear.yaml", LINEAR_EVAL, ("LinearProtocol",), source, None)
+        configs = {"pretrained": linear, "random init": linear, "pixels": pixel_config(self.data_root, str(linear))}
+        checkpoints = {"pretrained": str(self.pretrained(seed)), "random init": "random", "pixels": "pixels"}
+        for encoder in FROZEN:
+            out = self.data_root / f"eval_{encoder.replace(' ', '_')}_s{seed}"
+            if all((out / f"{name}.json").is_file() for name in READOUTS):
+                continue
+            command = ["ijepa", "eval", "--config", str(configs[encoder]), "--checkpoint", checkpoints[encoder]]
+            command += ["--output_dir", str(out), f"--data.seed={seed}", "--cache=false"]
+            if encoder == "random init":  # the fit's step 0: I-JEPA's init of the quickstart's encoder at this seed
+                command += ["--architecture", FIT_CONFIG]
+            if encoder != "pretrained":
+                command += [
+                    "--data.image_size",
+                    str(yaml.safe_load(Path(FIT_CONFIG).read_text())["data"]["image_size"]),
+                ]
+            logged(command, out / "eval.log", self.log)
+
     def run(self) -> None:
+        if self.args.evals:
+            for seed in self.args.seeds:
+                self.evaluate(seed)
         self.plain()
         for seed in self.args.seeds:
             for fraction in self.args.fractions:
@@ -198,7 +241,10 @@ def records(data_root: Path) -> dict[tuple[str, float], dict[int, dict]]:
             result = {key: saved[key] for key in ("test_top1", "val_top1", "fit_seconds")}
             result["lr"] = saved["lr"] if row == "plain_scratch" else None
             found.setdefault((row, saved["label_fraction"]), {}).setdefault(saved["seed"], []).append(result)
-    return {key: {seed: max(runs, key=lambda r: r["val_top1"]) for seed, runs in seeds.items()} for key, seeds in found.items()}
+    return {
+        key: {seed: max(runs, key=lambda r: r["val_top1"]) for seed, runs in seeds.items()}
+        for key, seeds in found.items()
+    }
 
 
 def spread(values: list[float]) -> str:
@@ -238,8 +284,30 @@ def table(data_root: Path) -> str:
             wall = statistics.median(r["fit_seconds"] for r in runs.values())
             labels = "all" if fraction == 1 else f"{100 * fraction:g} %"
             gain_cell = "-" if row in FAIR_SCRATCH else gains or "-"
-            lines.append(f"| {labels} | {row} | {len(runs)} | {spread(tops)} | {per_seed} | {gain_cell} | {lrs} | {wall:.0f} |")
+            lines.append(
+                f"| {labels} | {row} | {len(runs)} | {spread(tops)} | {per_seed} | {gain_cell} | {lrs} | {wall:.0f} |"
+            )
     lines += ["", *goals(found)]
+    return "\n".join(lines)
+
+
+def frozen_table(data_root: Path) -> str:
+    """``ijepa eval`` linear of the frozen encoders under both readouts (``--evals``), or ''."""
+    found: dict[tuple[str, str], dict[int, float]] = {}
+    for encoder in FROZEN:
+        for folder in sorted(data_root.glob(f"eval_{encoder.replace(' ', '_')}_s*")):
+            seed = int(folder.name.rsplit("_s", 1)[1])
+            for name, readout in READOUTS.items():
+                if (folder / f"{name}.json").is_file():
+                    found.setdefault((encoder, readout), {})[seed] = json.loads((folder / f"{name}.json").read_text())[
+                        "test_top1"
+                    ]
+    if not found:
+        return ""
+    lines = ["| frozen encoder | readout | seeds | `ijepa eval` linear top-1 % | per seed |", "|---|---|---|---|---|"]
+    for (encoder, readout), runs in found.items():
+        per_seed = ", ".join(f"s{s} {100 * v:.1f}" for s, v in sorted(runs.items()))
+        lines.append(f"| {encoder} | {readout} | {len(runs)} | {spread(list(runs.values()))} | {per_seed} |")
     return "\n".join(lines)
 
 
@@ -254,12 +322,16 @@ def goals(found: dict) -> list[str]:
             met = all(gap >= -PARITY for gap in gaps)
             listed = ", ".join(f"s{s} {100 * g:+.1f}" for s, g in zip(shared, gaps))
             labels = "all labels" if fraction == 1 else f"{100 * fraction:g} % labels"
-            out.append(f"Parity ({labels}; `ijepa finetune` minus the plain loop, within 1.5 every seed): {listed}: {'met' if met else 'not met'}.")
+            out.append(
+                f"Parity ({labels}; `ijepa finetune` minus the plain loop, within 1.5 every seed): {listed}: {'met' if met else 'not met'}."
+            )
     tenth, scratch = found.get(("pretrained", 0.1), {}), fair_scratch(found, 0.1)
     shared = sorted(set(tenth) & set(scratch))
     if shared:
         met = all(tenth[s]["test_top1"] - scratch[s] >= GOAL for s in shared)
-        out.append(f"Goal (pretrained >= the fair scratch + 5 points with 10 % labels on every seed): {'met' if met else 'not met'}.")
+        out.append(
+            f"Goal (pretrained >= the fair scratch + 5 points with 10 % labels on every seed): {'met' if met else 'not met'}."
+        )
     return out
 
 
@@ -286,7 +358,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pretrained-name", default="pretrain")
     parser.add_argument("--fit-args", default="", help="more ijepa fit / distill overrides")
     parser.add_argument("--finetune-args", default="", help="more ijepa finetune overrides")
-    parser.add_argument("--plain-args", default="", help="more plain-loop options (python -m ijepa.studies.plain_finetune)")
+    parser.add_argument(
+        "--plain-args", default="", help="more plain-loop options (python -m ijepa.studies.plain_finetune)"
+    )
+    parser.add_argument(
+        "--evals", action="store_true", help="also ijepa eval linear of the frozen encoders, both readouts"
+    )
     args = parser.parse_args(argv)
     if args.action == "digits-folder":
         if args.folder is None:
@@ -300,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"no study under {data_root}: run `python -m ijepa.studies.finetune run` first.")
     (data_root / "provenance.md").write_text(provenance(data_root))
     print(table(data_root))
+    if frozen := frozen_table(data_root):
+        print("\n" + frozen)
 
 
 if __name__ == "__main__":

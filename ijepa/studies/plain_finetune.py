@@ -256,7 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=Path("configs/finetune/quickstart.yaml"))
     parser.add_argument(
-        "--checkpoint", required=True, help="an ijepa fit checkpoint ({seed} is each seed); timm-init takes its architecture"
+        "--checkpoint",
+        required=True,
+        help="an ijepa fit checkpoint ({seed} is each seed); timm-init takes its architecture",
     )
     parser.add_argument("--starts", nargs="+", choices=("pretrained", "timm-init"), default=["pretrained"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
@@ -273,7 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="a folder: <start>_lr<lr>_f<fraction>_s<seed>.json")
     args = parser.parse_args(argv)
     config = recipe(args.config)
-    args.grid = [(lr, config["layer_decay"] if decay is None else decay) for lr, decay in args.grid or [(config["lr"], None)]]
+    args.grid = [
+        (lr, config["layer_decay"] if decay is None else decay) for lr, decay in args.grid or [(config["lr"], None)]
+    ]
     if args.scratch_grid:
         args.scratch_grid = [(lr, config["layer_decay"] if decay is None else decay) for lr, decay in args.scratch_grid]
     if args.val_every < 1:

@@ -69,7 +69,9 @@ def test_an_encoders_mean_readout_is_its_block_means():
     encoder = ViTEncoder(random_encoder(ARCH))
     images = torch.randn(2, 3, 32, 32)
     grid = encoder.token_shape
-    torch.testing.assert_close(MeanReadout().pool(encoder.block_tokens(images, 2), grid), encoder.block_means(images, 2))
+    torch.testing.assert_close(
+        MeanReadout().pool(encoder.block_tokens(images, 2), grid), encoder.block_means(images, 2)
+    )
 
 
 @pytest.mark.parametrize(
@@ -92,15 +94,23 @@ def test_each_readout_keys_its_own_features_and_is_recorded(tmp_path):
         KNNProtocol(ks=[5]),
         KNNProtocol(ks=[5], readout=GridReadout(2), name="knn_grid"),
         LogRegProtocol(Cs=[1.0], readout=GridReadout(None), name="logreg_tokens"),
-        LinearProtocol(lrs=[0.1], weight_decays=[0.0], epochs=1, augment=False, readout=GridReadout(2), name="linear_grid"),
+        LinearProtocol(
+            lrs=[0.1], weight_decays=[0.0], epochs=1, augment=False, readout=GridReadout(2), name="linear_grid"
+        ),
     ]
     results = Evaluation("random", protocols, data=data, output_dir=str(tmp_path), architecture=ARCH).run()
-    extracted = [{split for split, _ in r["features"]["extracted"]} | {kind for _, kind in r["features"]["extracted"]} for r in results]
+    extracted = [
+        {split for split, _ in r["features"]["extracted"]} | {kind for _, kind in r["features"]["extracted"]}
+        for r in results
+    ]
     assert extracted[0] == {"train", "test", "blocks"}
     assert extracted[1] == {"train", "test", "blocks:grid2"}
     assert extracted[2] == {"train", "test", "blocks:tokens"}
     assert results[3]["features"]["extracted"] == []  # the grid features of knn_grid, reused
-    assert results[1]["settings"]["readout"] == {"class_path": "ijepa.evaluation.readouts.GridReadout", "init_args": {"grid": 2}}
+    assert results[1]["settings"]["readout"] == {
+        "class_path": "ijepa.evaluation.readouts.GridReadout",
+        "init_args": {"grid": 2},
+    }
     assert results[0]["settings"]["readout"]["class_path"].endswith("MeanReadout")
     saved = json.loads((tmp_path / "knn_grid.json").read_text())
     assert saved["settings"]["readout"]["init_args"] == {"grid": 2}
