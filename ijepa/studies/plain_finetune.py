@@ -35,6 +35,10 @@ import torch.nn.functional as F
 import yaml
 from torchvision.transforms import v2
 
+from ijepa.data.sources import DataSource
+from ijepa.finetune.data import FinetuneData
+from ijepa.registry import from_config
+
 
 def recipe(config: Path) -> dict:
     """The fine-tuning recipe of an ``ijepa finetune`` config, as plain values."""
@@ -62,10 +66,6 @@ def recipe(config: Path) -> dict:
 def finetune_data(data: dict, source_root: str | None):
     """A :class:`ijepa.finetune.FinetuneData` of the config's data (its images rendered once; the
     splits of each seed and label fraction are :func:`splits` of it)."""
-    from ijepa.data.sources import DataSource
-    from ijepa.finetune.data import FinetuneData
-    from ijepa.registry import from_config
-
     source = dict(data["source"])
     if source_root is not None:
         source["init_args"] = {**source.get("init_args", {}), "root": source_root}
@@ -81,8 +81,6 @@ def splits(base, seed: int, label_fraction: float):
     """``(train x [N, 3, H, W], train y, val x, val y, test x, test y, classes)``: the images
     ``ijepa finetune --data.seed <seed> --data.label_fraction <f>`` trains, validates and tests on
     (under the eval transform: normalised, un-augmented)."""
-    from ijepa.finetune.data import FinetuneData
-
     hp = base.hparams
     module = FinetuneData(
         source=base.source, image_size=hp.image_size, val_fraction=hp.val_fraction,

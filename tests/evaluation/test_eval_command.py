@@ -269,6 +269,11 @@ def test_every_shipped_eval_config_builds_its_protocols(configs, checkpoint):
     if len(configs) == 2:  # a protocol overlay replaces the list with its one protocol
         assert [p.kind for p in protocols] == [Path(configs[1]).stem]
     else:
-        assert sorted(p.kind for p in protocols) == sorted(
-            protocol_kinds("labels")
-        )  # every labels protocol, by the registry
+        assert sorted({p.kind for p in protocols}) == sorted(protocol_kinds("labels"))  # every labels protocol
+        linear = [p for p in protocols if p.kind == "linear"]
+        if configs == ["quickstart.yaml"]:  # the linear grid under both readouts: the mean, every token
+            assert [(p.name, type(p.readout).__name__) for p in linear] == [
+                ("linear", "MeanReadout"),
+                ("linear_tokens", "GridReadout"),
+            ]
+            assert linear[1].readout.grid is None
