@@ -18,6 +18,7 @@ import torch
 from lightning.fabric import Fabric
 
 from ijepa.checkpoint import atomic_save, stale_temporaries
+from ijepa.evaluation.readouts import is_pooled
 
 KINDS = ("blocks", "tokens", "patches")  # block_means [N, n, D]; tokens [N, K, D]; block_tokens [N, n, K, D]
 TARGETS = ("masks", "counts")  # what dense data adds to an entry besides its labels
@@ -26,7 +27,7 @@ TARGETS = ("masks", "counts")  # what dense data adds to an entry besides its la
 def last_blocks_of(features: torch.Tensor, kind: str, last_blocks: int) -> torch.Tensor:
     """``blocks`` (and a readout's ``blocks:<key>``) ``[N, n, D] -> [N, last_blocks * D]``; ``patches`` ``[N, n, K, D] -> [N, K,
     last_blocks * D]`` (each token's last blocks concatenated, oldest first); ``tokens`` unchanged."""
-    if kind == "blocks" or kind.startswith("blocks:"):  # a readout's pooled blocks, [N, n, F]
+    if is_pooled(kind):  # the mean's or another readout's pooled blocks, [N, n, F]
         return features[:, features.size(1) - last_blocks :].flatten(1)
     if kind == "patches":
         return features[:, features.size(1) - last_blocks :].transpose(1, 2).flatten(2)

@@ -92,10 +92,10 @@ class GridReadout(Readout):
         return (self.grid, self.grid)
 
     def pool(self, tokens: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
-        batch, blocks, count, dim = tokens.shape
-        cells = self.cells(grid)
+        cells = self.cells(grid)  # checks the grid first, clips included
         if self.grid is None:
             return tokens.flatten(2)
+        batch, blocks, _, dim = tokens.shape
         maps = tokens.reshape(batch * blocks, *grid, dim).permute(0, 3, 1, 2)  # [B L, D, H', W']
         pooled = F.adaptive_avg_pool2d(maps, cells)  # [B L, D, g, g]
         return pooled.permute(0, 2, 3, 1).reshape(batch, blocks, -1)  # cells row-major, each cell's D values
