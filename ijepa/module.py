@@ -37,6 +37,7 @@ from ijepa.objectives import (
     Objective,
     check_resumed_levels,
     context_views,
+    latent_predictions,
     latent_weight,
     objective_from_config,
     refuse_packed,
@@ -425,7 +426,7 @@ class IJEPA(L.LightningModule):
             )
         out = self.predict(batch)
         loss_fn = functools.partial(prediction_loss, loss=self.hparams.loss)
-        jepa = loss_fn(out.predictions, out.targets, mask=out.target_mask)
+        jepa = loss_fn(latent_predictions(self.objectives, out.predictions), out.targets, mask=out.target_mask)
         scale = latent_weight(self.objectives)  # e.g. 0: a pixel-only model, the latent loss off the graph
         loss = jepa if scale == 1 else jepa * scale if scale else torch.zeros((), device=jepa.device)
         stage = self._trainer and ("train" if self.training else "test" if self.trainer.testing else "val")

@@ -53,6 +53,11 @@ class Objective(nn.Module, metaclass=abc.ABCMeta):
         """Whether the step records the predictor's last hidden states (:attr:`StepOutput.predictor_hidden`)."""
         return False
 
+    def latent_predictions(self, predictions: torch.Tensor) -> torch.Tensor:
+        """The predictions ``[..., D']`` the latent loss reads (the step's record keeps the
+        predictor's own). Default: unchanged."""
+        return predictions
+
     def latent_weight(self) -> float:
         """The factor of the JEPA (latent) loss; 0 drops it from the graph (the predictor's output
         projection then gets no gradient). Members' factors multiply."""
@@ -110,6 +115,13 @@ def latent_weight(objectives) -> float:
     for member in objectives:
         weight *= member.latent_weight()
     return weight
+
+
+def latent_predictions(objectives, predictions: torch.Tensor) -> torch.Tensor:
+    """``predictions`` through the members' :meth:`Objective.latent_predictions`, in list order."""
+    for member in objectives:
+        predictions = member.latent_predictions(predictions)
+    return predictions
 
 
 def refuse_packed(objectives, last_blocks: int) -> None:
