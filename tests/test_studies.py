@@ -470,6 +470,34 @@ def test_dense_table_gives_means_over_seeds_the_per_seed_gains_and_dashes_for_wh
     assert (root / "provenance.md").read_text().startswith("# ijepa.studies.dense: provenance")
 
 
+def test_dense_adopt_takes_a_lever_only_with_a_gain_on_every_seed_of_every_data_set(tmp_path, capsys):
+    from ijepa.studies.dense import DATASETS, main
+
+    def run(data, variant, seed, linear, tokens, knn):
+        write_dense_run(tmp_path / data / f"{variant}_s{seed}", [(0, 0.1), (599, knn)], [(0, 0.1), (599, 0.3)],
+                        100.0, linear=linear, linear_tokens=tokens)  # fmt: skip
+
+    for data in DATASETS:
+        for seed in (0, 1, 2):
+            run(data, "recipe", seed, 0.50, 0.70, 0.40)
+            run(data, "crops", seed, 0.52, 0.695, 0.40)  # +2 linear, tokens -0.5: kept within 1
+    run("shapes", "wide_predictor", 0, 0.55, 0.70, 0.40)
+    run("shapes", "wide_predictor", 1, 0.49, 0.70, 0.40)  # a loss on one seed: out, whatever the rest read
+    run("shapes", "prediction_norm", 0, 0.60, 0.68, 0.40)  # tokens -2: out although linear gains
+    run("fashion", "random_masks_050", 0, 0.51, 0.70, 0.40)  # a gain, the rest not run yet
+    main(["adopt", "--root", str(tmp_path)])
+    out = capsys.readouterr().out
+    crops = next(line for line in out.splitlines() if line.startswith("| crops |"))
+    assert crops.endswith("| yes |") and crops.count("+2.0 / -0.5 / +0.0") == 9
+    assert (
+        "| wide_predictor | shapes s0 +5.0 / +0.0 / +0.0; shapes s1 -1.0 / +0.0 / +0.0 | no (shapes s1: linear mean -1.0) |"
+        in out
+    )
+    assert "| prediction_norm | shapes s0 +10.0 / -2.0 / +0.0 | no (shapes s0: linear every token -2.0) |" in out
+    assert "| random_masks_050 | fashion s0 +1.0 / +0.0 / +0.0 | open |" in out
+    assert "| recipe |" not in out and "| block_masks_065 |" not in out  # the reference, and what has no run
+
+
 def test_export_study_measures_fp32_and_bf16_hf_exports_of_a_checkpoint(tmp_path, capsys):
     import json
 

