@@ -228,6 +228,7 @@ OUT_OF_RANGE = {
         eps=0.0,
     ),
     ijepa.objectives.ContextLoss: dict(weight=-0.1, warmup_steps=-1),
+    ijepa.objectives.PredictionNorm: dict(eps=0.0),
     ijepa.objectives.MultiLevelTargets: dict(levels=0),
     ijepa.objectives.Recolour: dict(permute=1.5, gain=(1.2, 0.8), grayscale=-0.1, brightness=-0.1, contrast=2.0),
     ijepa.objectives.ViewInvariance: dict(weight=-0.1, projector=[64, 0]),
