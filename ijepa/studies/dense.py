@@ -446,6 +446,7 @@ def table(data_root: Path) -> str:
 
 # the adoption rule: a gain in the first on every seed of every data set, neither other one lost by more than 1
 ADOPT_GAIN, ADOPT_KEPT, ADOPT_LOSS = "eval_linear", ("eval_linear_tokens", "knn_top1_end"), 0.01
+ADOPT_KEYS = (ADOPT_GAIN, *ADOPT_KEPT)
 ADOPT_NAMES = {"eval_linear": "linear mean", "eval_linear_tokens": "linear every token", "knn_top1_end": "k-NN"}
 
 
@@ -466,12 +467,11 @@ def adoption(root: Path) -> str:
             ours, recipe = found.get(data, {}).get(variant, {}), found.get(data, {}).get("recipe", {})
             for seed in (0, 1, 2):
                 a, b = ours.get(seed, {}), recipe.get(seed, {})
-                keys = (ADOPT_GAIN, *ADOPT_KEPT)
-                if not all(k in a and k in b for k in keys):
+                if not all(k in a and k in b for k in ADOPT_KEYS):
                     complete = False
                     continue
-                diff = {k: a[k] - b[k] for k in keys}
-                cells.append(f"{data} s{seed} " + " / ".join(f"{100 * diff[k]:+.1f}" for k in keys))
+                diff = {k: a[k] - b[k] for k in ADOPT_KEYS}
+                cells.append(f"{data} s{seed} " + " / ".join(f"{100 * diff[k]:+.1f}" for k in ADOPT_KEYS))
                 if broken is None and (diff[ADOPT_GAIN] <= 0 or any(diff[k] < -ADOPT_LOSS for k in ADOPT_KEPT)):
                     worst = ADOPT_GAIN if diff[ADOPT_GAIN] <= 0 else min(ADOPT_KEPT, key=diff.get)
                     broken = f"no ({data} s{seed}: {ADOPT_NAMES[worst]} {100 * diff[worst]:+.1f})"

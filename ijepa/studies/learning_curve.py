@@ -234,7 +234,7 @@ def finetune_cells(data_root: Path, row: dict) -> tuple[str, str]:
     if not row["run"].endswith("x"):
         return "-", "-"
     data = row["data"]
-    tuned = finetune_study.records(data_root / f"finetune_{'x' + row['run'][:-1]}" / data)
+    tuned = finetune_study.records(data_root / f"finetune_x{row['run'][:-1]}" / data)
     scratch_found = finetune_study.records(data_root / "finetune_scratch" / data)
     for (name, fraction), seeds in tuned.items():
         if name == "pretrained" and row["seed"] in seeds:
