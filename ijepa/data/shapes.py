@@ -369,14 +369,19 @@ def _render(
         img = _texture(params, image_size)
     else:
         img = _col([c for p in params for c in p["bg"]]).view(-1, 3, 1, 1).expand(-1, -1, image_size, image_size)
-    # Paint instances layer by layer (all first objects, then all second ones, ...).
+    # One writable copy (the background may be an expanded view or the caller's tensor), painted
+    # in place, instance layer by instance layer (all first objects, then all second ones, ...).
+    img = img.clone(memory_format=torch.contiguous_format)
     for layer in range(max(len(p["objects"]) for p in params)):
         owners = [i for i, p in enumerate(params) if len(p["objects"]) > layer]
         instances = [(params[i]["label"], params[i]["objects"][layer]) for i in owners]
         alpha = _coverage(instances, image_size).unsqueeze(1)
         fg = _col([c for _, o in instances for c in o["fg"]]).view(-1, 3, 1, 1)
-        img = img.clone()
-        img[owners] = img[owners] + alpha * (fg - img[owners])
+        if len(owners) == len(params):  # every image: no gather and scatter
+            img += alpha * (fg - img)
+        else:
+            painted = img[owners]
+            img[owners] = painted + alpha * (fg - painted)
         if mask is not None:
             # every instance of an image is of its class, so overlaps need no order
             values = torch.tensor([label + 1 for label, _ in instances], dtype=torch.uint8).view(-1, 1, 1)
