@@ -377,11 +377,8 @@ def _render(
         instances = [(params[i]["label"], params[i]["objects"][layer]) for i in owners]
         alpha = _coverage(instances, image_size).unsqueeze(1)
         fg = _col([c for _, o in instances for c in o["fg"]]).view(-1, 3, 1, 1)
-        if len(owners) == len(params):  # every image: no gather and scatter
-            img += alpha * (fg - img)
-        else:
-            painted = img[owners]
-            img[owners] = painted + alpha * (fg - painted)
+        painted = img[owners]
+        img[owners] = painted + alpha * (fg - painted)
         if mask is not None:
             # every instance of an image is of its class, so overlaps need no order
             values = torch.tensor([label + 1 for label, _ in instances], dtype=torch.uint8).view(-1, 1, 1)
