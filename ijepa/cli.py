@@ -10,6 +10,7 @@ and ``ijepa submit [options] -- fit ...`` (:mod:`ijepa.launch.submit`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -352,17 +353,24 @@ class _ParserOnly(IJEPACLI):
         raise _Parsed(parser)
 
 
-def fit_arguments_error(args: list[str]) -> str | None:
-    """Why ``ijepa fit args`` would stop at parsing (an unknown key, a value of the wrong type, a
-    config file that does not exist), or None. Nothing is built: ``ijepa submit`` asks before a run
-    waits in a queue to fail in its first second."""
+@functools.cache
+def _fit_parser():
+    # Built once per process: a sweep's points (and a test over every shipped config) each parse
+    # with it; parsing keeps no state in the parser.
     try:
         _ParserOnly(IJEPA, IJEPADataModule, args=["fit"], auto_configure_optimizers=False)
     except _Parsed as parsed:
         parser = parsed.args[0]
-    parsers = [parser, *parser._subcommands_action._name_parser_map.values()]
-    for each in parsers:
+    for each in [parser, *parser._subcommands_action._name_parser_map.values()]:
         each.exit_on_error = False
+    return parser
+
+
+def fit_arguments_error(args: list[str]) -> str | None:
+    """Why ``ijepa fit args`` would stop at parsing (an unknown key, a value of the wrong type, a
+    config file that does not exist), or None. Nothing is built: ``ijepa submit`` asks before a run
+    waits in a queue to fail in its first second."""
+    parser = _fit_parser()
     try:
         with warnings.catch_warnings():  # the run itself says it, once
             warnings.simplefilter("ignore", FutureWarning)

@@ -24,6 +24,7 @@ import torch
 
 from ijepa.callbacks import KNNProbe
 from ijepa.data import IJEPADataModule
+from ijepa.data.shapes import ShapesDataset
 from ijepa.data.sources import ShapesSource
 from ijepa.masks import MultiBlockMasks, SpatioTemporalMasks
 from ijepa.module import IJEPA
@@ -63,6 +64,29 @@ def _seed_and_threads():
     torch.set_num_threads(THREADS)
     torch.set_flush_denormal(False)  # IJEPA.setup turns it on process-wide; start every test from the default
     yield
+
+
+# Generated shapes are a pure function of the dataset's options, and rendering them was a third
+# of a tiny fit's time: outside tests/data (which tests the rendering itself), a worker renders each
+# set once and later datasets with the same options get copies of it.
+_RENDERED: dict[tuple, tuple] = {}
+_render_all = ShapesDataset._render_all
+
+
+def _render_all_once(self: ShapesDataset):
+    key = (self.num_samples, self.image_size, self.split, self.seed, self.background, self.num_objects)
+    key += (self.radius, self.dense)
+    if key not in _RENDERED:
+        _RENDERED[key] = (_render_all(self), self.masks, self.counts)
+    images, masks, counts = _RENDERED[key]
+    self.masks, self.counts = (None if t is None else t.clone() for t in (masks, counts))
+    return images.clone()
+
+
+@pytest.fixture(autouse=True)
+def _shapes_rendered_once(request, monkeypatch):
+    if TESTS / "data" not in Path(request.node.path).parents:
+        monkeypatch.setattr(ShapesDataset, "_render_all", _render_all_once)
 
 
 TINY_MODEL = dict(

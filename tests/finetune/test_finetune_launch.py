@@ -116,19 +116,33 @@ def test_every_shipped_finetune_config_parses_from_another_folder(path, tmp_path
         assert Path(architecture).is_absolute() and Path(architecture).is_file()
 
 
-def test_every_shipped_fit_and_eval_config_parses_from_another_folder(tmp_path, monkeypatch):
-    from ijepa.evaluation.runner import build_parser
-
+def shipped_fit_and_eval_commands() -> list:
+    """Every shipped fit and eval config as the arguments it runs with, one case each: the ablation
+    and resolution overlays on the quickstart (as their headers say), an eval overlay on the eval
+    quickstart."""
     quickstart = str(CONFIGS / "quickstart.yaml")
-    monkeypatch.chdir(tmp_path)
-    for path in sorted([*CONFIGS.glob("*.yaml"), *(CONFIGS / "presets").glob("*.yaml")]):
-        assert fit_arguments_error(["--config", str(path)]) is None, path
-    for folder in ("ablations", "resolution"):  # layered on the quickstart, as their headers say
+    fits = sorted([*CONFIGS.glob("*.yaml"), *(CONFIGS / "presets").glob("*.yaml")])
+    cases = [pytest.param("fit", ["--config", str(path)], id=f"fit-{path.stem}") for path in fits]
+    for folder in ("ablations", "resolution"):
         for path in sorted((CONFIGS / folder).glob("*.yaml")):
-            assert fit_arguments_error(["--config", quickstart, "--config", str(path)]) is None, path
+            cases.append(pytest.param("fit", ["--config", quickstart, "--config", str(path)], id=f"fit-{path.stem}"))
     for path in sorted((CONFIGS / "eval").rglob("*.yaml")):
         base = [] if path.parent.name == "eval" else ["--config", str(CONFIGS / "eval" / "quickstart.yaml")]
-        build_parser().parse_args([*base, "--config", str(path), "--checkpoint", "random"])
+        cases.append(
+            pytest.param("eval", [*base, "--config", str(path), "--checkpoint", "random"], id=f"eval-{path.stem}")
+        )
+    return cases
+
+
+@pytest.mark.parametrize(("command", "args"), shipped_fit_and_eval_commands())
+def test_every_shipped_fit_and_eval_config_parses_from_another_folder(tmp_path, monkeypatch, command, args):
+    from ijepa.evaluation.runner import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    if command == "fit":
+        assert fit_arguments_error(args) is None
+    else:
+        build_parser().parse_args(args)
 
 
 def test_a_missing_architecture_names_the_option_the_file_and_where_it_looked(tmp_path, capsys, monkeypatch):
