@@ -4,50 +4,15 @@ and refuses bad options in one line; the study runs each row's command once, pic
 recipe on validation, and its table reads the gains over the better fair scratch and both goals."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from conftest import ROOT, TINY_MODEL
+from conftest import ROOT
 
-from ijepa.interop import save_lightning_checkpoint
-from ijepa.module import IJEPA
 from ijepa.studies import finetune, plain_finetune
 
 pytest.importorskip("timm")
-
-
-def tiny_config(tmp_path: Path) -> Path:
-    """configs/finetune/quickstart.yaml at a toy size: 32 px, 96 train images, 4 steps."""
-    config = yaml.safe_load((ROOT / "configs/finetune/quickstart.yaml").read_text())
-    config["trainer"]["max_steps"] = 4
-    config["model"]["optim"]["warmup_steps"] = 1
-    config["data"]["source"]["init_args"].update(train_size=96, val_size=32)
-    config["data"].update(image_size=32, batch_size=16)
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def test_the_plain_loop_fine_tunes_a_checkpoints_timm_export_and_its_timm_init(tmp_path, monkeypatch):
-    torch.manual_seed(0)
-    checkpoint = save_lightning_checkpoint(IJEPA(**TINY_MODEL), tmp_path / "tiny.ckpt")
-    out = tmp_path / "plain"
-    monkeypatch.setattr(sys, "argv", ["plain"])
-    plain_finetune.main(
-        ["--config", str(tiny_config(tmp_path)), "--checkpoint", str(checkpoint), "--starts", "pretrained",
-         "timm-init", "--scratch-grid", "0.002:1", "0.004", "--val-every", "2", "--out", str(out)]
-    )  # fmt: skip
-    names = sorted(path.name for path in out.glob("*.json"))
-    assert names == ["pretrained_lr0.001_f1_s0.json", "timm-init_lr0.002_f1_s0.json", "timm-init_lr0.004_f1_s0.json"]
-    result = json.loads((out / "timm-init_lr0.004_f1_s0.json").read_text())
-    assert [point["step"] for point in result["curve"]] == [2, 4]
-    assert result["recipe"]["layer_decay"] == 0.75 and result["lr"] == 0.004  # the config's decay where none is given
-    assert json.loads((out / "timm-init_lr0.002_f1_s0.json").read_text())["recipe"]["layer_decay"] == 1.0
-    best = max(result["curve"], key=lambda point: point["val_top1"])
-    assert result["test_top1"] == best["test_top1"] and 0 <= result["test_top1"] <= 1
 
 
 @pytest.mark.parametrize(

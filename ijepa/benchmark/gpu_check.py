@@ -212,9 +212,9 @@ def step(settings: Settings, limit_s: float) -> list[str]:
 
 @part("learning_curve", limit_s=165, dry_limit_s=420)
 def learning_curve(settings: Settings, limit_s: float) -> list[str]:
-    """The quickstart's recipe at 10x and 40x its steps (toy: 1x and 2x of 4 steps), DataLoader
-    workers as many as a GPU machine's cores allow (the samples are seeded per index, so the
-    batches do not depend on their number)."""
+    """The quickstart's recipe at 10x and 40x its steps (toy: 1x of 4 steps, one multiple being
+    the same code path as two), DataLoader workers as many as a GPU machine's cores allow (the
+    samples are seeded per index, so the batches do not depend on their number)."""
     root = settings.work_dir / "curve"
     budget = str(max(limit_s - 20, 1.0))  # the study stops its own fits inside the part's limit, with a margin
     command = [settings.python, "-m", "ijepa.studies.learning_curve", "run", "--root", str(root)]
@@ -224,7 +224,7 @@ def learning_curve(settings: Settings, limit_s: float) -> list[str]:
         fit = "--trainer.accelerator=cpu --model.embed_dim=32 --model.predictor_depth=1 --data.num_workers=0"
         shapes = "" if settings.fashion else " --data.source.train_size=256 --data.source.val_size=64"
         evaluation = shapes + " --data.batch_size=64 --data.num_workers=0"
-        return [*command, "--multiples", "1", "2", "--base-steps", "4", "--budget-s", budget,
+        return [*command, "--multiples", "1", "--base-steps", "4", "--budget-s", budget,
                 f"--fit-args={fit + shapes}", f"--eval-args={evaluation.strip()}", "--eval-epochs", "1"]  # fmt: skip
     workers = f"--data.num_workers={min(8, os.cpu_count() or 1)}"
     return [*command, "--multiples", "10", "40", "--budget-s", budget, f"--fit-args={workers}",

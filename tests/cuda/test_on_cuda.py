@@ -54,15 +54,20 @@ def full_float32():
 
 def test_the_static_compiled_step_gives_the_eager_loss_and_gradients_on_the_device(device, full_float32):
     # torch.compile(dynamic=False) over static-shape masks (CUDA graphs on a GPU, as the GPU
-    # benchmark times it): the same function as the eager model, to float32 rounding.
+    # benchmark times it): the same function as the eager model, to float32 rounding. On the CPU
+    # (the dry run) the same tracing through aot_eager, without inductor's C++ builds (a minute
+    # on a cold cache); tests/end_to_end/test_compiled_static_run.py compiles for the CPU in full.
     model = IJEPA(**TINY_MODEL).to(device).train()
     data = tiny_datamodule(batch_size=8)
     sampler = data.image_sampler(data.grid_size, context_policy="static")
     batch = move_data_to_device(synthetic_batches(data, 1, device, sampler=sampler)[0], device)
     compiled = copy.deepcopy(model)
     compiled.hparams.compile = True
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    compiled.hparams.compile_options = {"dynamic": False, **({"mode": mode} if mode else {})}
+    on_cuda = device.type == "cuda"
+    compiled.hparams.compile_options = {
+        "dynamic": False,
+        **({"mode": "reduce-overhead"} if on_cuda else {"backend": "aot_eager"}),
+    }
     compiled._compiled = False
     compiled.configure_model()
     eager_loss, compiled_loss = model.jepa_loss(batch), compiled.jepa_loss(batch)

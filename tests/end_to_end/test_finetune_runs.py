@@ -2,12 +2,18 @@
 quickstart config runs a few steps from a fit checkpoint and from random."""
 
 import json
+import sys
 
 import pytest
 import torch
-from conftest import TINY_CONFIG
+from conftest import TINY_CONFIG, TINY_MODEL
+from helpers import tiny_finetune_config
 
 from ijepa.cli import main
+from ijepa.finetune import FineTuner
+from ijepa.interop import save_lightning_checkpoint
+from ijepa.module import IJEPA
+from ijepa.studies import plain_finetune
 from ijepa.studies.learning import write_digits_folder
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` skips them
@@ -101,3 +107,34 @@ def test_a_fine_tune_resumed_with_another_label_fraction_is_refused_in_one_line(
     assert exit_.value.code == 2 and "Traceback" not in err
     assert "data.label_fraction=0.5 where the checkpoint has 1.0" in err
     assert len(list(tmp_path.rglob("finetune.json"))) == 1  # the refused run recorded nothing
+
+
+def test_compile_keeps_the_state_dict_names_and_the_logits():
+    # inductor builds C++ kernels: half a minute on a cold compile cache, as on a fresh CI machine
+    arch = {"image_size": 16, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
+    plain = FineTuner(architecture=arch, num_classes=3, seed=1).eval()
+    compiled = FineTuner(architecture=arch, num_classes=3, seed=1, compile=True).eval()
+    assert list(plain.state_dict()) == list(compiled.state_dict())
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(images), plain(images), rtol=1e-4, atol=1e-5)
+
+
+def test_the_plain_loop_fine_tunes_a_checkpoints_timm_export_and_its_timm_init(tmp_path, monkeypatch):
+    pytest.importorskip("timm")  # the dev extras install it
+    torch.manual_seed(0)
+    checkpoint = save_lightning_checkpoint(IJEPA(**TINY_MODEL), tmp_path / "tiny.ckpt")
+    out = tmp_path / "plain"
+    monkeypatch.setattr(sys, "argv", ["plain"])
+    plain_finetune.main(
+        ["--config", str(tiny_finetune_config(tmp_path)), "--checkpoint", str(checkpoint), "--starts", "pretrained",
+         "timm-init", "--scratch-grid", "0.002:1", "0.004", "--val-every", "2", "--out", str(out)]
+    )  # fmt: skip
+    names = sorted(path.name for path in out.glob("*.json"))
+    assert names == ["pretrained_lr0.001_f1_s0.json", "timm-init_lr0.002_f1_s0.json", "timm-init_lr0.004_f1_s0.json"]
+    result = json.loads((out / "timm-init_lr0.004_f1_s0.json").read_text())
+    assert [point["step"] for point in result["curve"]] == [2, 4]
+    assert result["recipe"]["layer_decay"] == 0.75 and result["lr"] == 0.004  # the config's decay where none is given
+    assert json.loads((out / "timm-init_lr0.002_f1_s0.json").read_text())["recipe"]["layer_decay"] == 1.0
+    best = max(result["curve"], key=lambda point: point["val_top1"])
+    assert result["test_top1"] == best["test_top1"] and 0 <= result["test_top1"] <= 1

@@ -1,10 +1,13 @@
-"""`ijepa fit` continues pretraining from an official I-JEPA checkpoint."""
+"""`ijepa fit` continues pretraining from an official I-JEPA checkpoint; the interop functions
+import neither Lightning nor transformers (a fresh interpreter)."""
 
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
 import torch
-from conftest import TINY_CONFIG
+from conftest import ROOT, TINY_CONFIG
 from helpers import INTEROP_MODEL, trained_like
 
 from ijepa.cli import IJEPACLI, main
@@ -39,3 +42,15 @@ def test_ijepa_fit_continues_pretraining_from_an_official_checkpoint(tmp_path):
     start = official["target_encoder"]["module.blocks.0.attn.qkv.weight"]
     assert (fitted["target_encoder.transformer.blocks.0.attn.qkv.weight"] - start).abs().max() < 1e-2
     assert cli.trainer.global_step == 1
+
+
+def test_load_encoder_and_the_exporters_import_neither_lightning_nor_transformers():
+    # a fresh interpreter, to see what the import alone brings in
+    heavy = ("lightning", "lightning.pytorch", "pytorch_lightning", "transformers", "timm")
+    code = (
+        "import sys\n"
+        "from ijepa.interop import load_encoder, save_hf, save_timm, encoder_to_hf, encoder_to_timm, to_official\n"
+        f"print([name for name in {heavy!r} if name in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -151,12 +151,3 @@ def test_lightnings_ema_of_the_weights_averages_the_fine_tuners_weights(tmp_path
     assert not torch.equal(plain.state_dict()[weight], averaged.state_dict()[weight]), (
         "the average replaces the weights"
     )
-
-
-def test_compile_keeps_the_state_dict_names_and_the_logits():
-    plain = FineTuner(architecture=ARCH, num_classes=3, seed=1).eval()
-    compiled = FineTuner(architecture=ARCH, num_classes=3, seed=1, compile=True).eval()
-    assert list(plain.state_dict()) == list(compiled.state_dict())
-    images = torch.randn(2, 3, 16, 16)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(images), plain(images), rtol=1e-4, atol=1e-5)
