@@ -11,8 +11,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-import yaml
-from conftest import ROOT, TINY_MODEL, save_tiny_checkpoint
+from conftest import TINY_MODEL, save_tiny_checkpoint
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -227,15 +226,3 @@ def one_line(capsys, command, args) -> str:
     err = capsys.readouterr().err
     assert exit.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     return err.strip()
-
-
-def tiny_finetune_config(tmp_path: Path) -> Path:
-    """configs/finetune/quickstart.yaml at a toy size: 32 px, 96 train images, 4 steps."""
-    config = yaml.safe_load((ROOT / "configs/finetune/quickstart.yaml").read_text())
-    config["trainer"]["max_steps"] = 4
-    config["model"]["optim"]["warmup_steps"] = 1
-    config["data"]["source"]["init_args"].update(train_size=96, val_size=32)
-    config["data"].update(image_size=32, batch_size=16)
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path

@@ -3,11 +3,12 @@ quickstart config runs a few steps from a fit checkpoint and from random."""
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_CONFIG, TINY_MODEL
-from helpers import tiny_finetune_config
+import yaml
+from conftest import ROOT, TINY_CONFIG, TINY_MODEL
 
 from ijepa.cli import main
 from ijepa.finetune import FineTuner
@@ -118,6 +119,18 @@ def test_compile_keeps_the_state_dict_names_and_the_logits():
     images = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(compiled(images), plain(images), rtol=1e-4, atol=1e-5)
+
+
+def tiny_finetune_config(tmp_path: Path) -> Path:
+    """configs/finetune/quickstart.yaml at a toy size: 32 px, 96 train images, 4 steps."""
+    config = yaml.safe_load((ROOT / "configs/finetune/quickstart.yaml").read_text())
+    config["trainer"]["max_steps"] = 4
+    config["model"]["optim"]["warmup_steps"] = 1
+    config["data"]["source"]["init_args"].update(train_size=96, val_size=32)
+    config["data"].update(image_size=32, batch_size=16)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def test_the_plain_loop_fine_tunes_a_checkpoints_timm_export_and_its_timm_init(tmp_path, monkeypatch):
