@@ -31,15 +31,22 @@ def test_max_time_is_lightnings_days_hours_minutes_seconds():
 def fake_runs(monkeypatch):
     """``ijepa fit`` and ``ijepa eval`` replaced: a fit writes a last.ckpt at half its planned
     steps when given a max_time (as if the budget stopped it), else at all of them."""
-    fits = []
+
+    class Fits(list):  # the commands run, and beside them the logs they wrote
+        logs: list[str]
+
+    fits = Fits()
+    fits.logs = []
 
     def run_logged(command, log_file):
         fits.append(command)
         planned = int(next(a for a in command if a.startswith("--trainer.max_steps=")).split("=")[1])
         reached = planned // 2 if any(a.startswith("--trainer.max_time=") for a in command) else planned
         root = next(a for a in command if a.startswith("--trainer.default_root_dir=")).split("=", 1)[1]
-        folder = learning_curve.Path(root) / "lightning_logs" / "version_0" / "checkpoints"
+        logs = learning_curve.Path(root) / "lightning_logs"
+        folder = logs / f"version_{len(list(logs.glob('version_*')))}" / "checkpoints"  # a new version per fit
         folder.mkdir(parents=True)
+        fits.logs.append(log_file.name)
         torch.save({"global_step": reached}, folder / "last.ckpt")
         return 1.0
 
@@ -87,6 +94,21 @@ def test_a_spent_budget_skips_the_fits_a_rerun_runs_them_and_a_third_run_skips_w
     table = learning_curve.table(tmp_path / "shapes")
     # eval 0.5 against pixels' 0.6 under the mean readout, 0.7 against 0.65 under every token
     assert "| 10x | 0 | 40 | 20 |" in table and "| 50.0 | 70.0 | -10.0 / +5.0 |" in table
+
+
+def test_a_study_killed_mid_fit_continues_that_fit_from_its_last_checkpoint(tmp_path, fake_runs, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    killed = tmp_path / "shapes" / "x10_s0" / "lightning_logs" / "version_0" / "checkpoints"
+    killed.mkdir(parents=True)
+    torch.save({"global_step": 17}, killed / "last.ckpt")  # the fit died at step 17 of 40, no row kept
+    finished = tmp_path / "shapes" / "x1_s0" / "lightning_logs" / "version_0" / "checkpoints"
+    finished.mkdir(parents=True)
+    torch.save({"global_step": 4}, finished / "last.ckpt")  # the fit ended, its evaluation did not
+    rows = {r["run"]: r for r in run(tmp_path)}
+    assert len(fake_runs) == 1 and f"--ckpt_path={killed / 'last.ckpt'}" in fake_runs[0]
+    assert fake_runs.logs == ["fit.resumed_17.log"]  # the first fit's log is kept
+    assert rows["10x"]["resumed_from_step"] == 17 and rows["10x"]["steps_reached"] == 40
+    assert rows["1x"]["steps_reached"] == 4 and rows["1x"]["wall_s"] == 0.0 and "resumed_from_step" in rows["1x"]
 
 
 def test_finetune_tunes_each_budget_and_one_fair_scratch_and_the_table_says_the_gain(tmp_path, fake_runs, monkeypatch):
