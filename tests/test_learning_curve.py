@@ -109,6 +109,7 @@ def test_a_study_killed_mid_fit_continues_that_fit_from_its_last_checkpoint(tmp_
     assert fake_runs.logs == ["fit.resumed_17.log"]  # the first fit's log is kept
     assert rows["10x"]["resumed_from_step"] == 17 and rows["10x"]["steps_reached"] == 40
     assert rows["1x"]["steps_reached"] == 4 and rows["1x"]["wall_s"] == 0.0 and "resumed_from_step" in rows["1x"]
+    assert "| 10x | 0 | 40 | 40 | 1.0 (from step 17) |" in learning_curve.table(tmp_path / "shapes")
 
 
 def test_finetune_tunes_each_budget_and_one_fair_scratch_and_the_table_says_the_gain(tmp_path, fake_runs, monkeypatch):

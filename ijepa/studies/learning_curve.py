@@ -277,9 +277,12 @@ def table(data_root: Path) -> str:
 
         versus = "" if r["run"] == "raw pixels" else " / ".join(against(key) for key in keys)
         tuned, gain = finetune_cells(data_root, r)
+        wall = r.get("wall_s", "-")
+        if r.get("resumed_from_step"):  # the wall of the steps after it alone
+            wall = f"{wall} (from step {r['resumed_from_step']})"
         lines.append(
             f"| {r['run']} | {r['seed']} | {r.get('max_steps', '-')} | {r.get('steps_reached', '-')} | "
-            f"{r.get('wall_s', '-')} | {pct('knn_top1')} | {pct('linear_top1')} | {pct(keys[0])} | {pct(keys[1])} | "
+            f"{wall} | {pct('knn_top1')} | {pct('linear_top1')} | {pct(keys[0])} | {pct(keys[1])} | "
             f"{versus} | {tuned} | {gain} |"
         )
     return "\n".join(lines)
