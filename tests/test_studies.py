@@ -650,3 +650,33 @@ def test_dense_study_runs_only_the_evaluations_asked_for_variants_and_baselines_
     commands.clear()
     dense.main([*args, "--fit-only"])  # the fit is done (its wall time written): nothing left to run
     assert commands == []
+
+
+def orphaned_introductions(text: str) -> list[str]:
+    """Lines of a page that introduce a table or a printout (ending in ':') with none under them:
+    the next line with text is a caption (``<sub>``), a heading, or the end of the page."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            line = "```"  # a printout or block stands for itself; its own lines are not prose
+        elif fenced:
+            continue
+        if line.strip():
+            lines.append(line)
+    return [
+        line
+        for line, following in zip(lines, [*lines[1:], "# (end of the page)"])
+        if line.rstrip().endswith(":") and following.startswith(("<sub>", "#"))
+    ]
+
+
+def test_no_page_introduces_a_table_that_is_not_under_it():
+    # ff977b5 lost docs/training.md's learning-curve table: its heading stood over blank lines and a caption
+    lost = "Fashion-MNIST, seeds 0-2:\n\n\n<sub>`python -m ijepa.studies.learning_curve ...`</sub>\n"
+    assert orphaned_introductions(lost) == ["Fashion-MNIST, seeds 0-2:"]
+    assert orphaned_introductions("The table:\n\n| a |\n|---|\n| 1 |\n\n<sub>caption</sub>\n") == []
+    assert orphaned_introductions("Last words:\n") == ["Last words:"]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = {page.relative_to(ROOT).as_posix(): orphaned_introductions(page.read_text()) for page in pages}
+    assert not {page: lines for page, lines in found.items() if lines}
