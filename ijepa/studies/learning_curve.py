@@ -75,6 +75,10 @@ def last_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def checkpoint_step(path: Path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+
+
 def in_fit_probes(run_dir: Path) -> dict[str, float]:
     """The last in-fit ``val/knn_top1`` and ``val/linear_top1`` with their step."""
     versions = sorted((run_dir / "lightning_logs").glob("version_*"))
@@ -193,7 +197,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         # A study killed mid-fit continues it from its last.ckpt (Lightning restores the loops, the
         # optimizer and the data order) instead of starting the budget again.
         previous = last_checkpoint(run_dir)
-        resumed_from = torch.load(previous, map_location="cpu", weights_only=False)["global_step"] if previous else 0
+        resumed_from = checkpoint_step(previous) if previous else 0
         if resumed_from >= planned:
             wall = 0.0
         else:
@@ -202,7 +206,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         checkpoint = last_checkpoint(run_dir)
         if checkpoint is None:
             raise SystemExit(f"learning_curve: the fit of x{multiple} left no last.ckpt under {run_dir}")
-        reached = torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
+        reached = checkpoint_step(checkpoint)
         scores, eval_wall = evaluate(run_dir, str(checkpoint), linear, args.seed, eval_extra)
         reserve = max(reserve, 1.5 * eval_wall)
         row = {"data": args.data, "run": f"{multiple}x", "seed": args.seed, "max_steps": planned,
